@@ -1,0 +1,179 @@
+"""Tiny random-weight Hugging Face models, made locally so that nothing is downloaded.
+
+Each model is a directory like one from the Hub: ``config.json``, ``model.safetensors``,
+``generation_config.json`` and tokenizer files that ``transformers.AutoTokenizer`` loads. The
+tokenizer is a byte-level BPE trained with ``tokenizers`` on the small text below. Weights come
+from a fixed seed, so the same call makes the same model on every machine.
+
+Families (hidden 64, 4 query heads, 2 KV heads, head_dim 16, 2 layers, float32):
+    llama3    Llama 3 with ``rope_type: llama3`` long-context scaling
+    qwen2     Qwen2 with the QKV bias and tied input/output embeddings
+    qwen3     Qwen3 with q/k RMSNorm and YaRN rope scaling
+    mistral   Mistral
+    qwen3moe  Qwen3-MoE: 8 experts, top-2, ``norm_topk_prob=True`` (the Hugging Face default is
+              False), checkpoint in the per-expert layout ``mlp.experts.{i}.{gate,up,down}_proj``
+
+Usage: ``make_tiny_model("llama3", directory) -> Path`` or ``make_all(directory) -> dict``.
+This file imports no ``minisgl`` module: it is the same in every chapter's tree.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+VOCAB_SIZE = 384  # 256 byte tokens, 3 special tokens, 125 merges
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+TEXT = """\
+The quick brown fox jumps over the lazy dog. Hello world, hello again.
+A language model reads a sequence of tokens and predicts the next one. To write a long answer it
+predicts one token, appends it to the sequence, and predicts again. An inference engine makes this
+loop fast: it keeps the keys and values of the tokens it has already seen in a cache, it runs many
+requests together in one batch, and it shares the cache between requests that start with the
+same prompt.
+Once upon a time there was a small robot who lived in a library. Every night the robot read one
+book, and every morning it told the children what the book was about. The children asked many
+questions, and the robot answered them one word at a time.
+The weather today is sunny with a light wind from the west. Tomorrow it will rain in the morning
+and clear up in the afternoon. The sea is calm and the boats are out early.
+Numbers: one, two, three, four, five, six, seven, eight, nine, ten. 1 2 3 4 5 6 7 8 9 10.
+def add(a, b): return a + b
+for i in range(10): print(i * i)
+"""
+
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    vocab_size=VOCAB_SIZE,
+    tie_word_embeddings=False,
+)
+
+FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe")
+
+
+def _config(name: str, eos: int):
+    import transformers as tf
+
+    ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    if name == "llama3":
+        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                    high_freq_factor=4.0, original_max_position_embeddings=64)
+        return tf.LlamaConfig(**_COMMON, **ids, rope_scaling=rope)
+    if name == "qwen2":
+        return tf.Qwen2Config(**{**_COMMON, "tie_word_embeddings": True}, **ids,
+                              rope_theta=1000000.0)
+    if name == "qwen3":
+        rope = dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
+                    original_max_position_embeddings=128)
+        return tf.Qwen3Config(**_COMMON, **ids, rope_scaling=rope)
+    if name == "mistral":
+        return tf.MistralConfig(**_COMMON, **ids, rope_theta=1000000.0, sliding_window=None)
+    if name == "qwen3moe":
+        return tf.Qwen3MoeConfig(**_COMMON, **ids, rope_theta=1000000.0, num_experts=8,
+                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(FAMILIES)}")
+
+
+def _train_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte has a token
+        show_progress=False,
+    )
+    tok.train_from_iterator(TEXT.splitlines(), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _randomize(model: torch.nn.Module, seed: int) -> None:
+    """Weights large enough that the logits are well apart (greedy decoding has no near-ties)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters()):
+            noise = torch.randn(p.shape, generator=gen)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.1 * noise)
+            elif "embed_tokens" in name:
+                p.copy_(noise)
+            elif name == "lm_head.weight":
+                p.copy_(4.0 * noise / p.shape[-1] ** 0.5)
+            else:  # projections [out, in], experts [E, out, in], router [E, hidden]
+                p.copy_(noise / p.shape[-1] ** 0.5)
+
+
+def _check_expert_layout(path: Path) -> None:
+    """Real Qwen3-MoE checkpoints store each expert apart: ``mlp.experts.{i}.gate_proj.weight``.
+
+    transformers 5 keeps the experts fused in memory (``experts.gate_up_proj [E, 2I, H]``) and
+    5.24 splits them again when saving; fail loudly should a version save the fused form.
+    """
+    with safe_open(path / "model.safetensors", "pt") as f:
+        fused = [k for k in f.keys() if re.search(r"\.experts\.(gate_up|down)_proj$", k)]
+    if fused:
+        raise RuntimeError(f"this transformers version saved fused experts: {fused[:2]}")
+
+
+def make_tiny_model(name: str, directory: str | Path) -> Path:
+    """Write the tiny model ``name`` into ``directory`` and return its path."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # no "Writing model shards" bars in a chapter's prints
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = _train_tokenizer()
+    eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    config = _config(name, eos)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _randomize(model, seed=FAMILIES.index(name) + 1)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    # the generic class name, which transformers 4 and 5 both know
+    config_file = path / "tokenizer_config.json"
+    tok_config = json.loads(config_file.read_text())
+    tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config_file.write_text(json.dumps(tok_config, indent=2) + "\n")
+    _check_expert_layout(path)
+    return path
+
+
+def make_all(directory: str | Path) -> dict[str, Path]:
+    """Every family, each in its own subdirectory of ``directory``."""
+    return {name: make_tiny_model(name, Path(directory) / name) for name in FAMILIES}
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = make_all(sys.argv[1] if len(sys.argv) > 1 else "tiny-models")
+    for name, path in out.items():
+        print(f"{name}: {path}")

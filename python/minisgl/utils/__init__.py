@@ -1,0 +1,1 @@
+"""Small helpers the whole engine shares; import each from its own module (``utils.misc`` ...)."""
