@@ -1,0 +1,332 @@
+"""`check`: each chapter's steps, cached by what its result depends on, run in parallel.
+
+The steps of a chapter:
+  1. steps.yaml is consistent (done when the book is loaded; a problem there is bad input);
+  2. the package is closed: every `minisgl` import names a module and a name of the tree;
+  3. the main's prints equal the recorded ones;
+  4. the chapter's tests pass on its tree (with `cumulative`, every test up to it);
+  5. every directive of the chapter's text resolves.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import platform
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+from . import runner
+from .book import Book, Chapter
+from .imports import Closure, Forward, Problem
+from .render import PRINTS, TEXT, text_problems
+from .tree import package_files, tree_at, write_tree
+
+CACHE = ".steps-cache/results"
+TOOL_DIR = Path(__file__).resolve().parent
+
+
+@dataclass
+class Options:
+    static: bool = False
+    cumulative: bool = False
+    use_cache: bool = True
+    against: Path | None = None  # a learner's tree: DIR/python holds their package
+
+
+@dataclass
+class Result:
+    chapter: Chapter
+    status: str = "pass"  # pass | fail | skip
+    reason: str = ""  # why it was skipped
+    steps: dict[str, str] = field(default_factory=dict)  # step -> what came of it
+    details: list[str] = field(default_factory=list)  # what explains a failure
+    failed: list[str] = field(default_factory=list)  # the steps that failed
+    forwards: list[Forward] = field(default_factory=list)
+    tests: list[tuple[str, str]] = field(default_factory=list)
+    cached: bool = False
+    seconds: float = 0.0
+
+    def fail(self, step: str, outcome: str, detail: str) -> None:
+        self.status = "fail"
+        self.steps[step] = outcome
+        self.failed.append(step)
+        self.details.append(detail)
+
+
+def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
+    result = Result(chapter)
+    if chapter.requires == "gpu" and not runner.has_gpu():
+        return Result(chapter, "skip", "needs a GPU")
+    missing = runner.missing_needs(chapter)
+    if missing and not options.static:
+        return Result(chapter, "skip", f"needs {', '.join(missing)}")
+    if options.against is None:
+        _check_closure(book, chapter, result)
+    problems = text_problems(book, chapter)
+    result.steps["text"] = "ok" if not problems else f"{len(problems)} unresolved"
+    if problems:
+        result.fail("text", result.steps["text"], "\n".join(map(str, problems)))
+    if not options.static:
+        with tempfile.TemporaryDirectory(prefix=f"steps-{chapter.id}-") as scratch:
+            tree = Path(scratch)
+            write_tree(tree_at(book, chapter, package=options.against is None), tree)
+            python = options.against / "python" if options.against else tree / "python"
+            _check_main(book, chapter, tree, python, result)
+            _check_tests(book, chapter, tree, python, options, result)
+    return result
+
+
+def _check_closure(book: Book, chapter: Chapter, result: Result) -> None:
+    files = _package_sources(book, chapter)
+    shown = {source: source.relative_to(book.root).as_posix() for source in files.values()}
+    main = book.root / chapter.main
+    shown[main] = chapter.main
+    closure = Closure(files, shown)
+    problems: list[Problem] = []
+    for path, source in files.items():
+        if path.endswith(".py"):
+            module = path[:-3].replace("/", ".").removesuffix(".__init__")
+            found, forwards = closure.check(source, module, chapter.number)
+            problems += found
+            result.forwards += forwards
+    found, forwards = closure.check(main, "", chapter.number)
+    problems += found
+    result.forwards += forwards
+    result.steps["imports"] = "ok" if not problems else f"{len(problems)} broken"
+    if problems:
+        result.fail("imports", result.steps["imports"], "\n".join(map(str, problems)))
+
+
+def _package_sources(book: Book, chapter: Chapter) -> dict[str, Path]:
+    tree = tree_at(book, chapter)
+    return {p: tree[f"{book.package_root}/{p}"] for p in package_files(book, chapter)}
+
+
+def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, result: Result) -> None:
+    gpu = chapter.requires == "gpu"
+    outcome = runner.run_main(tree, chapter.main, python, gpu)
+    if not outcome.ok:
+        result.fail("main", "failed", outcome.detail)
+        return
+    recorded_path = book.root / chapter.folder / PRINTS
+    if not recorded_path.is_file():
+        result.fail("main", "no prints", f"{chapter.folder}/{PRINTS} is missing: "
+                                         f"run `python tools/steps.py record {chapter.id}`")
+        return
+    recorded = recorded_path.read_text(encoding="utf-8")
+    if runner.same_prints(recorded, outcome.output, chapter.tolerance):
+        result.steps["main"] = "ok"
+    else:
+        diff = runner.prints_diff(recorded, outcome.output, f"{chapter.folder}/{PRINTS}")
+        result.fail("main", "differs", diff)
+
+
+def _check_tests(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
+                 result: Result) -> None:
+    chapters = book.upto(chapter) if options.cumulative else [chapter]
+    tests = [t for c in chapters for t in c.tests]
+    if not tests:
+        result.fail("tests", "none", f"{chapter.id} lists no tests")
+        return
+    outcome = runner.run_tests(tree, tests, python, chapter.requires == "gpu")
+    result.tests = outcome.tests
+    if outcome.ok:
+        result.steps["tests"] = outcome.summary
+    else:
+        result.fail("tests", outcome.summary, outcome.detail)
+
+
+# --- the cache --------------------------------------------------------------------------------
+
+
+def cache_key(book: Book, chapter: Chapter, options: Options) -> str:
+    """A digest of everything the chapter's result depends on."""
+    digest = hashlib.sha256()
+    for part in _environment():
+        digest.update(part.encode() + b"\0")
+    digest.update(repr((chapter, book.package_root, options.static, options.cumulative)).encode())
+    sources = dict(tree_at(book, chapter))
+    for name in (TEXT, PRINTS):
+        sources[f"{chapter.folder}/{name}"] = book.root / chapter.folder / name
+    for path, source in sorted(sources.items()):
+        digest.update(f"{path}\0{_file_digest(source)}\0".encode())
+    return digest.hexdigest()
+
+
+_digests: dict[tuple[Path, int, int], str] = {}
+
+
+def _file_digest(path: Path) -> str:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return "missing"
+    key = (path, stat.st_mtime_ns, stat.st_size)
+    if key not in _digests:
+        _digests[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _digests[key]
+
+
+def _environment() -> list[str]:
+    """The tool's own source and the versions a result depends on."""
+    parts = [sys.version, platform.machine()]
+    for name in ("torch", "transformers", "tokenizers", "triton", "pytest"):
+        try:
+            parts.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{name} missing")
+    for source in sorted(TOOL_DIR.glob("*.py")) + [TOOL_DIR.parent / "steps.py"]:
+        parts.append(_file_digest(source))
+    return parts
+
+
+def _cached(book: Book, key: str) -> dict | None:
+    path = book.root / CACHE / f"{key}.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _store(book: Book, key: str, result: Result) -> None:
+    folder = book.root / CACHE
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {"steps": result.steps, "tests": result.tests,
+              "forwards": [[f.where, f.module, f.chapter] for f in result.forwards]}
+    partial = folder / f"{key}.json.part"
+    partial.write_text(json.dumps(record), encoding="utf-8")
+    partial.replace(folder / f"{key}.json")
+
+
+def _from_cache(chapter: Chapter, record: dict) -> Result:
+    return Result(chapter, steps=record["steps"], tests=[tuple(t) for t in record["tests"]],
+                  forwards=[Forward(*f) for f in record["forwards"]], cached=True)
+
+
+# --- many chapters ----------------------------------------------------------------------------
+
+
+def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
+               progress: TextIO) -> list[Result]:
+    """Check `chapters`, `jobs` at a time, showing progress; results in chapter order."""
+    results: dict[str, Result] = {}
+    todo: list[tuple[Chapter, str | None]] = []
+    for chapter in chapters:
+        key = cache_key(book, chapter, options) if options.against is None else None
+        record = _cached(book, key) if key and options.use_cache else None
+        if record is not None:
+            results[chapter.id] = _from_cache(chapter, record)
+        else:
+            todo.append((chapter, key))
+    display = _Progress(progress, len(chapters), len(results))
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = {pool.submit(_timed, display, book, c, options): (c, key) for c, key in todo}
+        for future in as_completed(futures):
+            chapter, key = futures[future]
+            result = future.result()
+            results[chapter.id] = result
+            display.done(result)
+            if key and result.status == "pass":
+                _store(book, key, result)
+    display.close()
+    return [results[c.id] for c in chapters]
+
+
+def _timed(display: _Progress, book: Book, chapter: Chapter, options: Options) -> Result:
+    display.start(chapter)
+    start = time.monotonic()
+    try:
+        result = check_chapter(book, chapter, options)
+    except Exception as e:  # a crash of one chapter's check is that chapter's failure
+        result = Result(chapter)
+        result.fail("check", "crashed", f"{type(e).__name__}: {e}")
+    result.seconds = time.monotonic() - start
+    return result
+
+
+class _Progress:
+    """A live line on a terminal; one line per finished chapter elsewhere."""
+
+    def __init__(self, stream: TextIO, total: int, done: int):
+        self.stream, self.total, self.finished = stream, total, done
+        self.running: list[str] = []
+        self.live = stream.isatty()
+        self.lock = threading.Lock()
+
+    def start(self, chapter: Chapter) -> None:
+        with self.lock:
+            self.running.append(chapter.id)
+            self._draw()
+
+    def done(self, result: Result) -> None:
+        with self.lock:
+            self.running.remove(result.chapter.id)
+            self.finished += 1
+            line = f"[{self.finished}/{self.total}] {result.chapter.id} {result.status}"
+            line += f" ({result.seconds:.1f} s)" if result.status != "skip" else ""
+            if self.live:
+                self.stream.write("\r\033[K" + line + "\n")
+                self._draw()
+            else:
+                self.stream.write(line + "\n")
+            self.stream.flush()
+
+    def _draw(self) -> None:
+        if self.live and self.running:
+            self.stream.write(f"\r\033[K[{self.finished}/{self.total}] running "
+                              + " ".join(self.running))
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.live:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def summary_table(results: list[Result]) -> str:
+    rows = [("chapter", "title", "imports", "main", "tests", "text", "result")]
+    for r in results:
+        outcome = r.status + (f": {r.reason}" if r.reason else "") + (" (cached)" * r.cached)
+        rows.append((r.chapter.id, r.chapter.title[:34], r.steps.get("imports", "-"),
+                     r.steps.get("main", "-"), r.steps.get("tests", "-"),
+                     r.steps.get("text", "-"), outcome))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    lines.append(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
+    return "\n".join(lines) + "\n"
+
+
+def write_junit(results: list[Result], path: Path) -> None:
+    suites = ET.Element("testsuites", name="steps check")
+    for r in results:
+        suite = ET.SubElement(suites, "testsuite", name=r.chapter.name)
+        cases = [(f"{r.chapter.name}.steps", step, "failed" if step in r.failed else "passed")
+                 for step in r.steps]
+        cases += [(f"{r.chapter.name}.tests", test, outcome) for test, outcome in r.tests]
+        failures = 0
+        for classname, name, outcome in cases:
+            case = ET.SubElement(suite, "testcase", classname=classname, name=name)
+            if outcome == "failed":
+                failures += 1
+                ET.SubElement(case, "failure", message=r.steps.get(name, "failed")).text = \
+                    "\n".join(r.details)
+            elif outcome == "skipped":
+                ET.SubElement(case, "skipped")
+        if r.status == "skip":
+            ET.SubElement(ET.SubElement(suite, "testcase", classname=r.chapter.name,
+                                        name="chapter"), "skipped", message=r.reason)
+        suite.set("tests", str(len(suite)))
+        suite.set("failures", str(failures))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)

@@ -1,0 +1,146 @@
+"""The chapter texts' directives, resolved against the chapter's own tree and expanded.
+
+A directive is a line of its own in `chapters/<id>_<slug>/README.md`:
+
+    @[code](minisgl/moe/base.py · select_experts)   a function, class or Class.method, taken
+                                                    with `ast` from this chapter's version
+    @[code](minisgl/moe/base.py)                    a whole file
+    @[test](tests/test_ch20_moe.py · test_name)     a test, by name
+    @[tree]                                         the tree listing (`steps.py tree N`)
+    @[main]                                         the chapter's main, whole
+    @[prints]                                       what the main prints (main.out)
+
+`::` may stand for ` · `. Paths under the package's top folder (`minisgl/...`) are package
+files; other paths are files of the tree (`examples/...`, `tests/...`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import textwrap
+from pathlib import Path
+
+from .book import Book, Chapter
+from .errors import BookError
+from .imports import Problem
+from .tree import listing, tree_at
+
+DIRECTIVE = re.compile(r"^@\[(\w+)\](?:\((.*)\))?\s*$")
+TEXT = "README.md"
+PRINTS = "main.out"
+
+
+def directives(text: str) -> list[tuple[int, str, str]]:
+    """(line, kind, argument) for each directive line, outside fenced code blocks."""
+    found = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        match = None if fenced else DIRECTIVE.match(line)
+        if match:
+            found.append((number, match.group(1), (match.group(2) or "").strip()))
+    return found
+
+
+def expand(book: Book, chapter: Chapter, kind: str, argument: str) -> str:
+    """The markdown a directive stands for; a BookError says why it does not resolve."""
+    if kind == "tree":
+        return f"```text\n{listing(book, chapter)}```"
+    if kind == "main":
+        return _code_block(chapter.main, _read(book.root / chapter.main))
+    if kind == "prints":
+        prints = book.root / chapter.folder / PRINTS
+        if not prints.is_file():
+            raise BookError(f"no recorded prints yet ({chapter.folder}/{PRINTS})")
+        return f"```text\n{_read(prints)}```"
+    if kind in ("code", "test"):
+        path, _, symbol = argument.replace("::", " · ").partition(" · ")
+        path, symbol = path.strip(), symbol.strip()
+        if kind == "test" and (not path.startswith("tests/") or not symbol):
+            raise BookError(f"@[test] takes `tests/FILE.py · test_name`, not {argument!r}")
+        source = _source(book, chapter, path)
+        code = find_symbol(_read(source), symbol, path) if symbol else _read(source)
+        return _code_block(f"{path} · {symbol}" if symbol else path, code)
+    raise BookError(f"unknown directive @[{kind}] (known: code, test, tree, main, prints)")
+
+
+def _source(book: Book, chapter: Chapter, path: str) -> Path:
+    if not path:
+        raise BookError("a directive names no file")
+    tree = tree_at(book, chapter)
+    for candidate in (f"{book.package_root}/{path}", path):
+        if candidate in tree:
+            return tree[candidate]
+    raise BookError(f"{path} is not in the tree at {chapter.id}")
+
+
+def find_symbol(text: str, symbol: str, path: str) -> str:
+    """The source of a function, a class or `Class.method`, dedented, decorators included."""
+    body = ast.parse(text).body
+    node: ast.stmt | None = None
+    for part in symbol.split("."):
+        candidates = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
+                                                        ast.ClassDef)) and n.name == part]
+        if not candidates:
+            raise BookError(f"{path} has no {symbol}")
+        node = candidates[0]
+        body = node.body
+    assert node is not None
+    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    lines = text.splitlines()[first - 1: node.end_lineno]
+    return textwrap.dedent("\n".join(lines)) + "\n"
+
+
+def _code_block(title: str, code: str) -> str:
+    return f"**`{title}`**\n\n```python\n{code.rstrip()}\n```"
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def text_problems(book: Book, chapter: Chapter) -> list[Problem]:
+    """Every directive of the chapter's text that does not resolve."""
+    text_path = book.root / chapter.folder / TEXT
+    shown = f"{chapter.folder}/{TEXT}"
+    if not text_path.is_file():
+        return [Problem(shown, "the chapter has no text")]
+    problems = []
+    for line, kind, argument in directives(_read(text_path)):
+        try:
+            expand(book, chapter, kind, argument)
+        except (BookError, SyntaxError) as e:
+            problems.append(Problem(f"{shown}:{line}", str(e)))
+    return problems
+
+
+def render_chapter(book: Book, chapter: Chapter) -> str:
+    text_path = book.root / chapter.folder / TEXT
+    lines = _read(text_path).splitlines()
+    for line, kind, argument in reversed(directives("\n".join(lines))):
+        try:
+            lines[line - 1] = expand(book, chapter, kind, argument)
+        except BookError as e:
+            raise BookError(e.message, f"{chapter.folder}/{TEXT}:{line}") from None
+    return "\n".join(lines) + "\n"
+
+
+def render_book(book: Book, out: Path) -> list[Path]:
+    """Write one page per chapter and an index into `out`; returns the files written."""
+    pages = {f"{c.name}.md": render_chapter(book, c) for c in book.chapters}  # all or nothing
+    out.mkdir(parents=True, exist_ok=True)
+    index = [f"# {book.title}", ""]
+    stage = None
+    for chapter in book.chapters:
+        if chapter.stage != stage:
+            stage = chapter.stage
+            index += ["", f"## {stage}", ""]
+        index.append(f"{chapter.number}. [{chapter.title}]({chapter.name}.md)")
+    pages["index.md"] = "\n".join(index) + "\n"
+    written = []
+    for name, page in pages.items():
+        (out / name).write_text(page, encoding="utf-8")
+        written.append(out / name)
+    return written
