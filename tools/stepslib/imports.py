@@ -73,6 +73,7 @@ class Closure:
                 message = self._missing(target, name)
                 if message:
                     problems.append(Problem(where, message))
+        problems.sort(key=lambda p: int(p.where.rsplit(":", 1)[1]))  # ast.walk is breadth-first
         return problems, forwards
 
     def _missing(self, module: str, name: str | None) -> str:
