@@ -114,15 +114,20 @@ def _train_tokenizer():
 def _randomize(model: torch.nn.Module, seed: int) -> None:
     """Weights large enough that the logits are well apart (greedy decoding has no near-ties)."""
     gen = torch.Generator().manual_seed(seed)
+    # A tied LM head scores each token by its own embedding: with large embeddings the model
+    # mostly repeats its input. Keep them small and scale the final norm up instead.
+    tied = model.config.tie_word_embeddings
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen)
-            if name.endswith("norm.weight"):
+            if name == "model.norm.weight":
+                p.copy_((1.0 + 0.1 * noise) * (4.0 if tied else 1.0))
+            elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * noise)
             elif name.endswith(".bias"):
                 p.copy_(0.1 * noise)
             elif "embed_tokens" in name:
-                p.copy_(noise)
+                p.copy_(noise * (0.1 if tied else 1.0))
             elif name == "lm_head.weight":
                 p.copy_(4.0 * noise / p.shape[-1] ** 0.5)
             else:  # projections [out, in], experts [E, out, in], router [E, hidden]
