@@ -1,0 +1,227 @@
+"""Chapter 4: SamplingParams, the global Context, and batched sampling (greedy, temperature,
+top-k, top-p per row, seeded), held against literal per-row loops and frequency counts."""
+
+from __future__ import annotations
+
+import math
+
+import minisgl.core as core
+import pytest
+import torch
+from helpers import encode
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx
+from minisgl.engine.sample import BatchSamplingArgs, Sampler, top_k_top_p_filter
+from minisgl.models import generate_greedy_recompute, load_model, sequence_logits
+
+# ---- SamplingParams, Req, Context -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", -0.5), ("temperature", float("nan")), ("top_k", 0), ("top_k", -2),
+    ("top_p", 0.0), ("top_p", 1.5), ("top_p", -0.1), ("max_tokens", 0), ("max_tokens", -3),
+])
+def test_bad_sampling_params_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        SamplingParams(**{field: value})
+
+
+def test_sampling_params_defaults_and_edges():
+    p = SamplingParams()
+    assert (p.temperature, p.top_k, p.top_p, p.ignore_eos) == (0.0, -1, 1.0, False)
+    assert p.is_greedy
+    edge = SamplingParams(temperature=2.0, top_k=1, top_p=1e-6, max_tokens=1)
+    assert not edge.is_greedy
+
+
+def test_req_finishes_at_max_tokens_or_eos():
+    req = Req(uid=0, input_ids=[5, 6], sampling_params=SamplingParams(max_tokens=3))
+    req.append(9)
+    assert req.all_ids == [5, 6, 9] and not req.is_finished(eos_token_id=0)
+    req.append(0)
+    assert req.is_finished(eos_token_id=0)
+    stubborn = Req(1, [5], SamplingParams(max_tokens=3, ignore_eos=True), output_ids=[0])
+    assert not stubborn.is_finished(eos_token_id=0)
+    stubborn.append(1)
+    stubborn.append(2)
+    assert stubborn.is_finished(eos_token_id=0)
+
+
+def test_global_context(monkeypatch):
+    monkeypatch.setattr(core, "_GLOBAL_CTX", None)  # restored after the test
+    with pytest.raises(RuntimeError, match="no global Context"):
+        get_global_ctx()
+    ctx = Context()
+    set_global_ctx(ctx)
+    assert get_global_ctx() is ctx and ctx.moe_backend is None
+    batch = Batch([Req(0, [1], SamplingParams())])
+    with pytest.raises(RuntimeError, match="no batch"):
+        _ = ctx.batch
+    with ctx.forward_batch(batch):
+        assert get_global_ctx().batch is batch and batch.size == 1
+        with pytest.raises(RuntimeError, match="does not nest"):
+            with ctx.forward_batch(batch):
+                pass
+    with pytest.raises(RuntimeError, match="no batch"):
+        _ = ctx.batch
+
+
+# ---- the filters against a literal loop -----------------------------------------------------
+
+
+def reference_keep(probs: list[float], k: int, p: float) -> list[bool]:
+    """Row by row, as the rule reads: most likely first; keep while rank < k and the mass before
+    is below p."""
+    order = sorted(range(len(probs)), key=lambda i: -probs[i])
+    keep = [False] * len(probs)
+    mass = 0.0
+    for rank, i in enumerate(order):
+        if (k == -1 or rank < k) and (p >= 1.0 or mass < p):
+            keep[i] = True
+        mass += probs[i]
+    return keep
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.integers(1, 12), vocab=st.integers(2, 60))
+def test_filter_masks_equal_the_reference_loop(seed, rows, vocab):
+    gen = torch.Generator().manual_seed(seed)
+    probs = torch.softmax(3 * torch.randn(rows, vocab, generator=gen, dtype=torch.float64), -1)
+    top_k = torch.randint(0, vocab + 2, (rows,), generator=gen)
+    top_k[top_k == 0] = -1
+    top_p = torch.rand(rows, generator=gen, dtype=torch.float64) * 1.05 + 0.01
+    top_p = top_p.clamp(max=1.0)
+    out = top_k_top_p_filter(probs, top_k, top_p)
+    for r in range(rows):
+        keep = reference_keep(probs[r].tolist(), int(top_k[r]), float(top_p[r]))
+        assert (out[r] > 0).tolist() == keep
+        assert torch.equal(out[r][out[r] > 0], probs[r][out[r] > 0])  # kept as they were
+
+
+def test_filter_examples():
+    probs = torch.tensor([[0.1, 0.4, 0.2, 0.3]] * 4)
+    top_k, top_p = torch.tensor([2, -1, -1, 1]), torch.tensor([1.0, 0.5, 0.75, 1.0])
+    out = top_k_top_p_filter(probs, top_k, top_p)
+    assert (out > 0).tolist() == [
+        [False, True, False, True],  # top-2: 0.4 and 0.3
+        [False, True, False, True],  # top-p 0.5: 0.4 is not enough, 0.4 + 0.3 is
+        [False, True, True, True],  # top-p 0.75: 0.4 + 0.3 = 0.7 < 0.75, so 0.2 too
+        [False, True, False, False],  # top-1
+    ]
+
+
+# ---- the sampler ----------------------------------------------------------------------------
+
+
+def _args(*params: SamplingParams) -> BatchSamplingArgs:
+    return BatchSamplingArgs.from_params(params)
+
+
+def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 100)
+    params = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(),
+              SamplingParams(temperature=0.7, top_k=1), SamplingParams(temperature=5.0, top_p=1e-6),
+              SamplingParams(temperature=1.0, top_k=20)]
+    sampler = Sampler(seed=0)
+    for _ in range(20):
+        tokens = sampler.sample(logits, _args(*params))
+        assert tokens.dtype == torch.int64 and tokens.shape == (6,)
+        assert tokens[[0, 2, 3, 4]].tolist() == logits.argmax(-1)[[0, 2, 3, 4]].tolist()
+    all_greedy = Sampler(seed=0).sample(logits, _args(*[SamplingParams()] * 6))
+    assert torch.equal(all_greedy, logits.argmax(-1))
+
+
+def test_same_seed_same_draws():
+    torch.manual_seed(1)
+    logits = torch.randn(32, 200)
+    args = _args(*[SamplingParams(temperature=1.0, top_p=0.95)] * 32)
+    a, b, c = Sampler(seed=7), Sampler(seed=7), Sampler(seed=8)
+    draws_a = [a.sample(logits, args) for _ in range(5)]
+    draws_b = [b.sample(logits, args) for _ in range(5)]
+    draws_c = [c.sample(logits, args) for _ in range(5)]
+    assert all(torch.equal(x, y) for x, y in zip(draws_a, draws_b))
+    assert not all(torch.equal(x, y) for x, y in zip(draws_a, draws_c))
+    assert not all(torch.equal(draws_a[0], x) for x in draws_a[1:])  # the generator moves on
+
+
+def _chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    keep = expected > 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [
+    (1.0, -1, 1.0), (0.7, 5, 1.0), (1.3, -1, 0.8), (0.8, 6, 0.9),
+])
+def test_frequencies_follow_the_filtered_distribution(temperature, top_k, top_p):
+    """Draw N tokens from one row of logits repeated N times; the counts must fit the filtered,
+    renormalized distribution (chi-square; 9 degrees of freedom at most, p < 1e-4 beyond 35)."""
+    n, logits = 40_000, torch.tensor([2.0, 1.5, 1.2, 1.0, 0.7, 0.5, 0.2, 0.0, -0.5, -1.0])
+    args = _args(*[SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)] * n)
+    tokens = Sampler(seed=3).sample(logits.expand(n, -1), args)
+    counts = torch.bincount(tokens, minlength=10).double()
+
+    probs = torch.softmax(logits.double() / temperature, -1)
+    keep = torch.tensor(reference_keep(probs.tolist(), top_k, top_p))
+    expected = n * torch.where(keep, probs, 0.0) / probs[keep].sum()
+    assert counts[~keep].sum() == 0
+    assert _chi_square(counts, expected) < 35.0
+    # the same counts against a plain softmax (no temperature, no filter) fail by far, unless
+    # this case is exactly that
+    plain = n * torch.softmax(logits.double(), -1)
+    if (temperature, top_k, top_p) != (1.0, -1, 1.0):
+        assert _chi_square(counts, plain) > 200.0
+
+
+def test_rows_of_one_batch_keep_their_own_settings():
+    n, logits = 20_000, torch.tensor([1.0, 0.5, 0.0, -0.5, -1.0])
+    params = [SamplingParams(temperature=1.0, top_k=2), SamplingParams(temperature=1.0, top_p=0.6)]
+    args = _args(*params * n)
+    tokens = Sampler(seed=5).sample(logits.expand(2 * n, -1), args).view(n, 2)
+    for row, p in enumerate(params):
+        counts = torch.bincount(tokens[:, row], minlength=5).double()
+        probs = torch.softmax(logits.double(), -1)
+        keep = torch.tensor(reference_keep(probs.tolist(), p.top_k, p.top_p))
+        expected = n * torch.where(keep, probs, 0.0) / probs[keep].sum()
+        assert counts[~keep].sum() == 0 and _chi_square(counts, expected) < 25.0
+    assert math.isclose(float((tokens[:, 0] == 0).double().mean()),
+                        1 / (1 + math.exp(-0.5)), abs_tol=0.02)
+
+
+# ---- with a model ---------------------------------------------------------------------------
+
+
+def _run(model, sampler: Sampler, reqs: list[Req], steps: int) -> None:
+    """Recompute every request's sequence, take its last logits, sample the batch."""
+    batch = Batch(reqs)
+    for _ in range(steps):
+        logits = torch.stack([sequence_logits(model, r.all_ids)[-1] for r in reqs])
+        for req, token in zip(reqs, sampler.sample(logits, sampler.prepare(batch)).tolist()):
+            req.append(token)
+
+
+def test_greedy_sampling_equals_greedy_generation(tiny_models):
+    path = tiny_models["qwen3"]
+    model = load_model(path)
+    prompts = [encode(path, p) for p in ["hello world", "The quick brown fox", "1 2 3"]]
+    reqs = [Req(i, ids, SamplingParams()) for i, ids in enumerate(prompts)]
+    _run(model, Sampler(seed=0), reqs, 12)
+    expected = [generate_greedy_recompute(model, p, 12) for p in prompts]
+    assert [r.output_ids for r in reqs] == expected
+
+
+def test_sampled_generation_is_reproducible(tiny_models):
+    path = tiny_models["llama3"]
+    model = load_model(path)
+    ids = encode(path, "Once upon a time")
+
+    def generate(seed: int) -> list[list[int]]:
+        reqs = [Req(i, ids, SamplingParams(temperature=1.0, top_k=50, top_p=0.9))
+                for i in range(3)]
+        _run(model, Sampler(seed=seed), reqs, 8)
+        return [r.output_ids for r in reqs]
+
+    first = generate(11)
+    assert generate(11) == first
+    assert len({tuple(x) for x in first}) > 1  # three rows, different draws
