@@ -105,7 +105,7 @@ def test_linear_matches_nn_linear(cls, has_bias):
     assert _close(op.forward(x), ref(x).detach())
 
 
-@settings(max_examples=25, deadline=None, database=None)  # leave no .hypothesis/ behind
+@settings(max_examples=25, deadline=None, derandomize=True)  # the same examples every run
 @given(
     hidden=st.sampled_from([16, 32, 64]),
     head_dim=st.sampled_from([4, 8, 16]),

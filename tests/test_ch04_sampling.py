@@ -54,7 +54,7 @@ def reference_keep(probs: list[float], k: int, p: float) -> list[bool]:
     return keep
 
 
-@settings(max_examples=30, deadline=None, database=None)  # leave no .hypothesis/ behind
+@settings(max_examples=30, deadline=None, derandomize=True)  # the same examples every run
 @given(seed=st.integers(0, 10_000), rows=st.integers(1, 12), vocab=st.integers(2, 60))
 def test_filter_masks_equal_the_reference_loop(seed, rows, vocab):
     gen = torch.Generator().manual_seed(seed)
