@@ -56,10 +56,11 @@ with tempfile.TemporaryDirectory() as tmp:
         reqs = [Req(0, prompt, SamplingParams(max_tokens=12)),
                 Req(1, prompt, SamplingParams(temperature=0.8, top_k=20, max_tokens=12)),
                 Req(2, prompt, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12))]
-        sampler, batch = Sampler(seed=seed), Batch(reqs)
-        while not all(r.is_finished(tok.eos_token_id) for r in reqs):
-            with get_global_ctx().forward_batch(batch):
-                for req, token in zip(reqs, step(sampler)):
+        sampler = Sampler(seed=seed)
+        # each step batches the requests still running: a finished one takes no more tokens
+        while running := [r for r in reqs if not r.is_finished(tok.eos_token_id)]:
+            with get_global_ctx().forward_batch(Batch(running)):
+                for req, token in zip(running, step(sampler)):
                     req.append(token)
         return reqs
 

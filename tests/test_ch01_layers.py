@@ -71,6 +71,9 @@ def test_load_state_dict_copies_in_place_and_converts_dtype():
     for key, tensor in tree.state_dict().items():
         assert tensor.dtype == torch.float32
         assert torch.equal(tensor, state[key].float())
+    streamed = ((k, v + 1) for k, v in state.items())  # a checkpoint arrives as a stream
+    tree.load_state_dict(streamed)
+    assert torch.equal(tree.layers[1].weight, (state["layers.1.weight"] + 1).float())
     prefixed = {f"m.{k}": v * 2 for k, v in state.items()}
     tree.load_state_dict(prefixed, prefix="m")
     assert torch.equal(tree.scale, (state["scale"] * 2).float())

@@ -159,6 +159,20 @@ def test_config_older_layout_and_nesting():
         ModelConfig.from_dict({k: v for k, v in old.items() if k != "architectures"})
 
 
+@pytest.mark.parametrize("extra, message", [
+    ({"sliding_window": 4096}, "sliding-window attention"),
+    ({"partial_rotary_factor": 0.5}, "partial rotary"),
+    ({"mlp_bias": True}, "mlp_bias"),
+])
+def test_config_refuses_what_the_decoder_does_not_implement(tiny_models, extra, message):
+    raw = json.loads((tiny_models["mistral"] / "config.json").read_text())
+    with pytest.raises(ValueError, match=message):
+        ModelConfig.from_dict({**raw, **extra, "max_position_embeddings": 32768})
+    # a window no shorter than the context, or one switched off (Qwen2), changes nothing
+    ModelConfig.from_dict({**raw, "sliding_window": 32768, "max_position_embeddings": 32768})
+    ModelConfig.from_dict({**raw, "sliding_window": 4096, "use_sliding_window": False})
+
+
 # ---- registry and model ---------------------------------------------------------------------
 
 

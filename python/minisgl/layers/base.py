@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Iterable, Mapping, Tuple, Union
 
 import torch
 
 StateDict = Dict[str, torch.Tensor]
+Weights = Union[Mapping[str, torch.Tensor], Iterable[Tuple[str, torch.Tensor]]]  # or streamed
 
 
 def _join(prefix: str, name: str) -> str:
@@ -48,23 +49,27 @@ class BaseOP:
         return result
 
     @torch.inference_mode()  # also lets us write into tensors made under inference mode
-    def load_state_dict(self, state: Mapping[str, torch.Tensor], prefix: str = "") -> None:
-        """Copy ``state`` into the op's tensors, in place (converting dtype and device).
+    def load_state_dict(self, state: Weights, prefix: str = "") -> None:
+        """Copy weights into the op's tensors, in place (converting dtype and device).
 
-        Strict: every weight must be present with the op's shape, and every key must be a weight.
+        ``state`` is a mapping, or a stream of ``(name, tensor)`` pairs: a checkpoint is streamed,
+        so only the tensor being copied needs to be in memory. Strict: every key must be a weight
+        of this op's shape, and every weight must arrive.
         """
         own = self.state_dict(prefix)
-        missing = [name for name in own if name not in state]
-        if missing:
-            raise ValueError(f"missing weights in the state dict: {_first(missing)}")
-        unexpected = [name for name in state if name not in own]
-        if unexpected:
-            raise ValueError(f"unexpected weights in the state dict: {_first(unexpected)}")
-        for name, tensor in own.items():
-            new = state[name]
+        pairs = state.items() if isinstance(state, Mapping) else state
+        loaded = set()
+        for name, new in pairs:
+            if name not in own:
+                raise ValueError(f"unexpected weights in the state dict: {name!r}")
+            tensor = own[name]
             if new.shape != tensor.shape:
                 raise ValueError(
                     f"shape mismatch for {name!r}: the op holds {tuple(tensor.shape)}, "
                     f"the state dict has {tuple(new.shape)}"
                 )
             tensor.copy_(new)
+            loaded.add(name)
+        missing = [name for name in own if name not in loaded]
+        if missing:
+            raise ValueError(f"missing weights in the state dict: {_first(missing)}")

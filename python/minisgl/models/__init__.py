@@ -45,9 +45,8 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     config = ModelConfig.from_dict(read_hf_config(model_dir))
     with torch.device(device), _default_dtype(dtype or config.dtype):
         model = create_model(config)  # every torch.empty now has this dtype and device
-    weights = dict(load_weights(model_dir, config))
-    try:
-        model.load_state_dict(weights)
+    try:  # streamed: one merged tensor in memory at a time, copied in as it arrives
+        model.load_state_dict(load_weights(model_dir, config))
     except ValueError as e:  # say which checkpoint: the model's message names the tensor
         raise ValueError(f"checkpoint {str(model_dir)!r} does not fit the model: {e}") from e
     return model

@@ -61,6 +61,7 @@ class ModelConfig:
             d = {**d, **d["text_config"]}
         if not d.get("architectures"):
             raise ValueError("config has no 'architectures': cannot tell which model it is")
+        _refuse_unsupported(d)
         model_type = d.get("model_type", "")
         num_qo_heads = d["num_attention_heads"]
         bias = d.get("attention_bias", False)
@@ -94,6 +95,17 @@ class ModelConfig:
             decoder_sparse_step=d.get("decoder_sparse_step") or 1,
             mlp_only_layers=list(d.get("mlp_only_layers") or []),
         )
+
+
+def _refuse_unsupported(d: Mapping[str, Any]) -> None:
+    """Features the decoder does not implement: better a clear error than wrong logits."""
+    window = d.get("sliding_window")
+    if window and d.get("use_sliding_window", True) and window < d["max_position_embeddings"]:
+        raise ValueError(f"sliding-window attention (sliding_window={window}) is not supported")
+    if d.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("partial rotary embeddings (partial_rotary_factor < 1) are not supported")
+    if d.get("mlp_bias"):
+        raise ValueError("biases in the MLP (mlp_bias) are not supported")
 
 
 def _rope(d: Mapping[str, Any]) -> tuple[float, Dict[str, Any] | None]:
