@@ -295,7 +295,8 @@ class _Progress:
 def summary_table(results: list[Result]) -> str:
     rows = [("chapter", "title", "imports", "main", "tests", "text", "result")]
     for r in results:
-        outcome = r.status + (f": {r.reason}" if r.reason else "") + (" (cached)" * r.cached)
+        status = "skipped" if r.status == "skip" else r.status
+        outcome = status + (f": {r.reason}" if r.reason else "") + (" (cached)" * r.cached)
         rows.append((r.chapter.id, r.chapter.title[:34], r.steps.get("imports", "-"),
                      r.steps.get("main", "-"), r.steps.get("tests", "-"),
                      r.steps.get("text", "-"), outcome))

@@ -138,7 +138,7 @@ def test_a_gpu_chapter_is_skipped_without_a_gpu(book):
     _set(book, "ch03", requires="gpu")
     done = steps(book, "check", "3")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "skip: needs a GPU" in done.stdout
+    assert "skipped: needs a GPU" in done.stdout
     assert "0 passed, 0 failed, 1 skipped" in done.stdout
 
 
@@ -146,7 +146,7 @@ def test_a_missing_module_need_is_a_skip_not_a_failure(book):
     _set(book, "ch03", needs=["no_such_module_here"])
     done = steps(book, "check", "3")
     assert done.returncode == 0
-    assert "skip: needs no_such_module_here" in done.stdout
+    assert "skipped: needs no_such_module_here" in done.stdout
 
 
 def test_a_tolerance_compares_numbers_within_it(book):
