@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List
+from typing import TYPE_CHECKING, Any, Iterator, List, Literal
+
+import torch
+
+if TYPE_CHECKING:
+    from minisgl.attention.base import BaseAttnBackend
+    from minisgl.kvcache.base import BaseKVCachePool
 
 
 @dataclass
@@ -19,6 +25,11 @@ class SamplingParams:
     ignore_eos: bool = False  # go on past the end-of-sequence token
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """A ValueError naming the field that is out of range. The engine calls it again when a
+        request arrives: a dataclass can be changed after it was made."""
         # "not x >= 0" rather than "x < 0": NaN is refused too
         if not self.temperature >= 0.0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -36,19 +47,48 @@ class SamplingParams:
 
 @dataclass(eq=False)
 class Req:
-    """One request: its prompt, the tokens generated so far, and how to sample the next one."""
+    """One request: its prompt, the tokens generated so far, and how to sample the next one.
+
+    Its K and V live in the KV cache: tokens ``[0, cached_len)`` are there already, and the next
+    forward runs tokens ``[cached_len, device_len)`` (the whole prompt at first, then one token per
+    step; a part of the prompt under chunked prefill). ``table_idx`` is its row of the page table.
+    """
 
     uid: int
     input_ids: List[int]  # the prompt
     sampling_params: SamplingParams
     output_ids: List[int] = field(default_factory=list)
+    table_idx: int = -1  # its row of the page table; -1 until it has one
+    cached_len: int = 0  # tokens whose K and V are in the cache
+    device_len: int = -1  # the next forward runs up to here; -1: every token so far
+    cache_handle: Any = None  # the prefix it shares with the prefix cache (chapter 7)
+
+    def __post_init__(self) -> None:
+        if self.device_len < 0:
+            self.device_len = len(self.input_ids) + len(self.output_ids)
 
     @property
     def all_ids(self) -> List[int]:
         return self.input_ids + self.output_ids
 
+    @property
+    def extend_len(self) -> int:
+        """How many tokens the next forward runs for this request."""
+        return self.device_len - self.cached_len
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens it can ever have: prompt plus max_tokens."""
+        return len(self.input_ids) + self.sampling_params.max_tokens
+
+    def complete_forward(self) -> None:
+        """The forward has run: the K and V of its tokens are in the cache now."""
+        self.cached_len = self.device_len
+
     def append(self, token_id: int) -> None:
+        """A new token; the next forward runs it (its K and V are not cached yet)."""
         self.output_ids.append(token_id)
+        self.device_len = len(self.input_ids) + len(self.output_ids)
 
     def is_finished(self, eos_token_id: int | None) -> bool:
         """Out of tokens, or just produced EOS (unless the request ignores it)."""
@@ -60,20 +100,42 @@ class Req:
 
 @dataclass
 class Batch:
-    """The requests run together in one forward pass: one row of logits, one new token each."""
+    """The requests run together in one forward pass: each brings ``extend_len`` new tokens, laid
+    one request after another, and gets one row of logits (its last token's) and one new token.
+
+    The tensors are made when the batch is prepared (``Engine.prepare_batch``), T new tokens:
+    input_ids, positions, out_loc: [T]; ``out_loc`` is the KV slot each token's K and V go to.
+    """
 
     reqs: List[Req]
+    phase: Literal["prefill", "decode"] = "decode"
+    input_ids: torch.Tensor | None = field(default=None, repr=False)
+    positions: torch.Tensor | None = field(default=None, repr=False)
+    out_loc: torch.Tensor | None = field(default=None, repr=False)
+    attn_metadata: Any = field(default=None, repr=False)  # the attention backend's, per batch
 
     @property
     def size(self) -> int:
         return len(self.reqs)
 
+    @property
+    def is_prefill(self) -> bool:
+        return self.phase == "prefill"
+
 
 @dataclass
 class Context:
     """What every layer may need for the batch being run, in one place rather than passed down
-    through every forward call. The engine makes one and sets it global."""
+    through every forward call. The engine makes one and sets it global.
 
+    page_table: [rows, max_seq_len] int32, row ``req.table_idx``: the KV slot of each of the
+    request's tokens (a slot is ``page * page_size + offset`` in the KV pool).
+    """
+
+    page_size: int = 1
+    page_table: torch.Tensor | None = field(default=None, repr=False)
+    attn_backend: BaseAttnBackend | None = None
+    kv_cache: BaseKVCachePool | None = field(default=None, repr=False)
     moe_backend: Any = None  # how MoE layers compute their experts (chapter 20); None if dense
     _batch: Batch | None = field(default=None, repr=False)
 
@@ -107,3 +169,14 @@ def get_global_ctx() -> Context:
     if _GLOBAL_CTX is None:
         raise RuntimeError("no global Context: the engine sets one with set_global_ctx()")
     return _GLOBAL_CTX
+
+
+@contextmanager
+def use_global_ctx(ctx: Context) -> Iterator[Context]:
+    """``ctx`` is the global context inside the ``with`` block, the previous one again after."""
+    global _GLOBAL_CTX
+    previous, _GLOBAL_CTX = _GLOBAL_CTX, ctx
+    try:
+        yield ctx
+    finally:
+        _GLOBAL_CTX = previous

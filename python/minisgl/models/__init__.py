@@ -2,7 +2,8 @@
 loading a checkpoint into it.
 
 ``sequence_logits`` is the entry point that stays put while the engine grows around the model:
-it returns the logits of every position of one sequence, computed from scratch.
+it returns the logits of every position of one sequence, computed from scratch. Since the layers
+attend over a KV cache (chapter 5), it is a prefill on an empty cache made for that one sequence.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Iterator, List, Sequence
 
 import torch
 
+from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
 from minisgl.utils.hf import read_hf_config, resolve_model_dir
 
 from .base import BaseLLMModel
@@ -52,13 +54,33 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     return model
 
 
+def _one_sequence_context(model: BaseLLMModel, length: int, device: torch.device) -> Context:
+    """A Context for one sequence of ``length`` tokens: a KV pool of exactly that many slots (page
+    size 1), its page-table row ``0, 1, ..., length - 1``, and the reference attention backend."""
+    from minisgl.attention import create_attention_backend
+    from minisgl.kvcache import create_kvcache_pool
+
+    dtype = model.model.embed_tokens.weight.dtype  # type: ignore[attr-defined]
+    ctx = Context(page_size=1)
+    ctx.kv_cache = create_kvcache_pool(model.config, length, 1, dtype, device)
+    ctx.page_table = torch.arange(length, dtype=torch.int32, device=device)[None, :]
+    ctx.attn_backend = create_attention_backend("torch", model.config, device)
+    return ctx
+
+
 @torch.inference_mode()
 def sequence_logits(model: BaseLLMModel, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """The logits [T, vocab] (float32) at each of the T positions of one sequence."""
+    """The logits [T, vocab] (float32) at each of the T positions of one sequence: a prefill of
+    the whole sequence on an empty cache."""
     device = next(iter(model.state_dict().values())).device  # where the weights are
     ids = torch.as_tensor(token_ids, dtype=torch.long, device=device).flatten()
     positions = torch.arange(ids.numel(), device=device)
-    return model.forward(ids, positions).float()
+    ctx = _one_sequence_context(model, ids.numel(), device)
+    req = Req(0, ids.tolist(), SamplingParams(), table_idx=0)
+    batch = Batch([req], "prefill", input_ids=ids, positions=positions, out_loc=positions)
+    with use_global_ctx(ctx), ctx.forward_batch(batch):
+        ctx.attn_backend.prepare_metadata(batch)  # type: ignore[union-attr]
+        return model.forward(ids, positions).float()
 
 
 def generate_greedy_recompute(model: BaseLLMModel, token_ids: Sequence[int], n: int) -> List[int]:

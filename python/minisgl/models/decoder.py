@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.base import BaseOP
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import LinearQKVMerged, LinearRowParallel
@@ -20,25 +21,13 @@ from .config import ModelConfig
 from .utils import build_mlp
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Softmax attention of a whole sequence where token t sees tokens 0..t.
-
-    q: [T, Hq, D]; k, v: [T, Hkv, D] -> [T, Hq, D]. With grouped-query attention every group of
-    Hq / Hkv query heads reads the same KV head.
-    """
-    seq_len, num_qo_heads, head_dim = q.shape
-    group = num_qo_heads // k.shape[1]
-    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("qhd,khd->hqk", q.float(), k.float()) * head_dim**-0.5
-    future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=q.device).triu(1)
-    probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)  # [Hq, T, T]
-    return torch.einsum("hqk,khd->qhd", probs, v.float()).to(q.dtype)
-
-
 class DecoderAttention(BaseOP):
-    """qkv_proj -> (q/k norm) -> RoPE -> causal attention -> o_proj. x: [T, H] -> [T, H]"""
+    """qkv_proj -> (q/k norm) -> RoPE -> attention over the KV cache -> o_proj.
 
-    def __init__(self, config: ModelConfig, rotary: RotaryEmbedding):
+    x: [T, H], the batch's new tokens -> [T, H]
+    """
+
+    def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding):
         self.head_dim = config.head_dim
         self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads,
                                         config.num_kv_heads, has_bias=config.attention_bias)
@@ -48,6 +37,7 @@ class DecoderAttention(BaseOP):
         self.o_proj = LinearRowParallel(config.num_qo_heads * config.head_dim, config.hidden_size,
                                         has_bias=config.o_proj_bias)
         self._rotary = rotary  # one cos / sin table shared by every layer
+        self.attn = AttentionLayer(layer_id)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj.forward(x))
@@ -55,7 +45,7 @@ class DecoderAttention(BaseOP):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm.forward(q), self.k_norm.forward(k)
         q, k = self._rotary.forward(positions, q, k)
-        return self.o_proj.forward(causal_attention(q, k, v).flatten(-2))
+        return self.o_proj.forward(self.attn.forward(q, k, v).flatten(-2))
 
 
 class DecoderLayer(BaseOP):
@@ -63,7 +53,7 @@ class DecoderLayer(BaseOP):
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding):
         self.input_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = DecoderAttention(config, rotary)
+        self.self_attn = DecoderAttention(config, layer_id, rotary)
         self.post_attention_layernorm = RMSNormFused(config.hidden_size, config.rms_norm_eps)
         self.mlp = build_mlp(config, layer_id)
 

@@ -1,0 +1,73 @@
+"""Models: a ``ModelConfig`` from config.json, the class its architecture name registers, and
+loading a checkpoint into it.
+
+``sequence_logits`` is the entry point that stays put while the engine grows around the model:
+it returns the logits of every position of one sequence, computed from scratch.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List, Sequence
+
+import torch
+from minisgl.utils.hf import read_hf_config, resolve_model_dir
+
+from .base import BaseLLMModel
+from .config import ModelConfig
+from .register import get_model_class
+from .weight import load_weights
+
+
+def create_model(config: ModelConfig) -> BaseLLMModel:
+    """A model with unset weights (``torch.empty``), in the default dtype and on the default device
+    in force while it is built."""
+    return get_model_class(config.architecture)(config)
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               dtype: torch.dtype | None = None) -> BaseLLMModel:
+    """Read config.json, build the model in the checkpoint's dtype (or ``dtype``) on ``device``,
+    and fill it from the checkpoint's safetensors."""
+    model_dir = resolve_model_dir(path)
+    config = ModelConfig.from_dict(read_hf_config(model_dir))
+    with torch.device(device), _default_dtype(dtype or config.dtype):
+        model = create_model(config)  # every torch.empty now has this dtype and device
+    try:  # streamed: one merged tensor in memory at a time, copied in as it arrives
+        model.load_state_dict(load_weights(model_dir, config))
+    except ValueError as e:  # say which checkpoint: the model's message names the tensor
+        raise ValueError(f"checkpoint {str(model_dir)!r} does not fit the model: {e}") from e
+    return model
+
+
+@torch.inference_mode()
+def sequence_logits(model: BaseLLMModel, token_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """The logits [T, vocab] (float32) at each of the T positions of one sequence."""
+    device = next(iter(model.state_dict().values())).device  # where the weights are
+    ids = torch.as_tensor(token_ids, dtype=torch.long, device=device).flatten()
+    positions = torch.arange(ids.numel(), device=device)
+    return model.forward(ids, positions).float()
+
+
+def generate_greedy_recompute(model: BaseLLMModel, token_ids: Sequence[int], n: int) -> List[int]:
+    """``n`` new tokens, each the argmax after the whole sequence so far: no cache, so step i runs
+    all ``len(token_ids) + i`` tokens through the model again. Returns the new tokens only."""
+    ids = list(token_ids)
+    for _ in range(n):
+        ids.append(int(sequence_logits(model, ids)[-1].argmax()))
+    return ids[len(token_ids):]
+
+
+__all__ = ["BaseLLMModel", "ModelConfig", "create_model", "generate_greedy_recompute",
+           "get_model_class", "load_model", "sequence_logits"]

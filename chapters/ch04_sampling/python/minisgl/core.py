@@ -1,0 +1,109 @@
+"""The engine's shared vocabulary: how to sample (``SamplingParams``), a request (``Req``), the
+requests run together (``Batch``), and the one ``Context`` every layer can reach."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, List
+
+
+@dataclass
+class SamplingParams:
+    """How to pick each next token of one request."""
+
+    temperature: float = 0.0  # 0: greedy, the most likely token; else divides the logits
+    top_k: int = -1  # keep only the k most likely tokens; -1: no limit
+    top_p: float = 1.0  # keep the most likely tokens until their probability reaches top_p
+    max_tokens: int = 128  # new tokens at most
+    ignore_eos: bool = False  # go on past the end-of-sequence token
+
+    def __post_init__(self) -> None:
+        # "not x >= 0" rather than "x < 0": NaN is refused too
+        if not self.temperature >= 0.0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (no limit) or >= 1, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(eq=False)
+class Req:
+    """One request: its prompt, the tokens generated so far, and how to sample the next one."""
+
+    uid: int
+    input_ids: List[int]  # the prompt
+    sampling_params: SamplingParams
+    output_ids: List[int] = field(default_factory=list)
+
+    @property
+    def all_ids(self) -> List[int]:
+        return self.input_ids + self.output_ids
+
+    def append(self, token_id: int) -> None:
+        self.output_ids.append(token_id)
+
+    def is_finished(self, eos_token_id: int | None) -> bool:
+        """Out of tokens, or just produced EOS (unless the request ignores it)."""
+        if len(self.output_ids) >= self.sampling_params.max_tokens:
+            return True
+        ended = bool(self.output_ids) and self.output_ids[-1] == eos_token_id
+        return ended and not self.sampling_params.ignore_eos
+
+
+@dataclass
+class Batch:
+    """The requests run together in one forward pass: one row of logits, one new token each."""
+
+    reqs: List[Req]
+
+    @property
+    def size(self) -> int:
+        return len(self.reqs)
+
+
+@dataclass
+class Context:
+    """What every layer may need for the batch being run, in one place rather than passed down
+    through every forward call. The engine makes one and sets it global."""
+
+    moe_backend: Any = None  # how MoE layers compute their experts (chapter 20); None if dense
+    _batch: Batch | None = field(default=None, repr=False)
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            raise RuntimeError("no batch is being run: run it inside ctx.forward_batch(batch)")
+        return self._batch
+
+    @contextmanager
+    def forward_batch(self, batch: Batch) -> Iterator[None]:
+        """``batch`` is the context's batch for the duration of the ``with`` block."""
+        if self._batch is not None:
+            raise RuntimeError("a batch is already being run: forward_batch does not nest")
+        self._batch = batch
+        try:
+            yield
+        finally:
+            self._batch = None
+
+
+_GLOBAL_CTX: Context | None = None
+
+
+def set_global_ctx(ctx: Context) -> None:
+    global _GLOBAL_CTX
+    _GLOBAL_CTX = ctx
+
+
+def get_global_ctx() -> Context:
+    if _GLOBAL_CTX is None:
+        raise RuntimeError("no global Context: the engine sets one with set_global_ctx()")
+    return _GLOBAL_CTX
