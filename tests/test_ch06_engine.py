@@ -1,0 +1,116 @@
+"""Chapter 6: the engine runs one forward for a batch of requests of different lengths; each gets
+exactly the tokens it gets alone, for every page size; the KV cache is sized from a budget."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import DENSE, encode, hf_greedy
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine.config import EngineConfig
+from minisgl.engine.engine import Engine
+
+PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.",
+           "Once upon a time there was a small robot who lived in a library.", "1"]
+
+
+def give_pages(engine: Engine, free: list[int], req: Req) -> None:
+    size = engine.config.page_size
+    for pos in range(req.cached_len, req.device_len):
+        if pos % size == 0:
+            page = free.pop(0)
+            engine.page_table[req.table_idx, pos : pos + size] = torch.arange(
+                page * size, (page + 1) * size)[: engine.max_seq_len - pos]
+
+
+def generate(engine: Engine, prompts: list[list[int]], params: list[SamplingParams],
+             free: list[int]) -> list[list[int]]:
+    """Every request prefilled in one forward, then decoded together until each is done."""
+    reqs = [Req(i, p, sp, table_idx=i) for i, (p, sp) in enumerate(zip(prompts, params))]
+    running = reqs
+    while running:
+        for req in running:
+            give_pages(engine, free, req)
+        for req, token in zip(running, engine.forward_batch(Batch(running)).tolist()):
+            req.append(token)
+        running = [r for r in running if not r.is_finished(None)]
+    return [r.output_ids for r in reqs]
+
+
+def make_engine(path, page_size: int, num_pages: int = 64, seed: int = 0) -> Engine:
+    return Engine(EngineConfig(str(path), device="cpu", page_size=page_size,
+                               num_pages=num_pages, max_running_req=8, seed=seed))
+
+
+@pytest.mark.parametrize("family", DENSE)
+def test_batched_greedy_equals_transformers(tiny_models, family):
+    path = tiny_models[family]
+    engine = make_engine(path, page_size=4)
+    prompts = [encode(path, p) for p in PROMPTS]
+    out = generate(engine, prompts, [SamplingParams(max_tokens=10)] * 4, list(range(64)))
+    assert out == hf_greedy(path, prompts, 10)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_a_batch_gives_each_request_its_tokens_alone(tiny_models, page_size):
+    path = tiny_models["llama3"]
+    engine = make_engine(path, page_size, num_pages=512 // page_size)
+    prompts = [encode(path, p) for p in PROMPTS]
+    lengths = [3, 9, 5, 12]  # they also finish at different steps
+    params = [SamplingParams(max_tokens=n) for n in lengths]
+    pages = list(range(engine.num_pages))[::-1]  # pages in a scrambled order
+    together = generate(engine, prompts, params, pages)
+    alone = [generate(engine, [p], [sp], list(range(engine.num_pages)))[0]
+             for p, sp in zip(prompts, params)]
+    assert together == alone and [len(t) for t in together] == lengths
+
+
+def test_prefill_and_decode_in_the_same_forward(tiny_models):
+    path = tiny_models["mistral"]
+    engine = make_engine(path, page_size=4)
+    a, b = encode(path, PROMPTS[1]), encode(path, PROMPTS[2])
+    free = list(range(64))
+    first = Req(0, a, SamplingParams(max_tokens=6), table_idx=0)
+    give_pages(engine, free, first)
+    first.append(int(engine.forward_batch(Batch([first], "prefill"))[0]))
+    second = Req(1, b, SamplingParams(max_tokens=5), table_idx=1)
+    reqs = [first, second]  # one decodes a token while the other runs its whole prompt
+    while not all(r.is_finished(None) for r in reqs):
+        live = [r for r in reqs if not r.is_finished(None)]
+        for r in live:
+            give_pages(engine, free, r)
+        for r, t in zip(live, engine.forward_batch(Batch(live)).tolist()):
+            r.append(t)
+    assert [r.output_ids for r in reqs] == hf_greedy(path, [a, b], 6)[:1] + hf_greedy(
+        path, [b], 5)
+
+
+def test_seeded_sampling_is_reproducible(tiny_models):
+    path = tiny_models["qwen2"]
+    prompts = [encode(path, p) for p in PROMPTS[:3]]
+    params = [SamplingParams(temperature=1.0, max_tokens=12),
+              SamplingParams(max_tokens=12),
+              SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_tokens=12)]
+    runs = [generate(make_engine(path, 4, seed=s), prompts, params, list(range(64)))
+            for s in (3, 3, 4)]
+    assert runs[0] == runs[1] and runs[0][0] != runs[2][0]
+    assert runs[0][1] == runs[2][1] == hf_greedy(path, prompts[1:2], 12)[0]
+
+
+def test_kv_cache_sized_from_the_budget(tiny_models):
+    path = tiny_models["llama3"]
+    engine = Engine(EngineConfig(str(path), device="cpu", page_size=16, cpu_kv_bytes=1 << 20,
+                                 max_running_req=2))
+    per_page = 2 * 2 * 16 * 2 * 16 * 4  # K and V, layers, page_size, kv heads, head_dim, float32
+    assert engine.bytes_per_page() == per_page
+    assert engine.num_pages == (1 << 20) // per_page
+    assert engine.kv_cache.buffer.shape[2] == engine.num_pages + 1  # the dummy page
+    dummy_slot = engine.num_pages * 16
+    assert (engine.page_table[engine.dummy_req.table_idx] == dummy_slot).all()
+    assert engine.max_seq_len == min(512, engine.num_pages * 16)
+
+
+def test_bad_engine_options_name_the_field(tiny_models):
+    for field, value in [("page_size", 0), ("num_pages", 0), ("max_running_req", 0)]:
+        with pytest.raises(ValueError, match=field):
+            EngineConfig(str(tiny_models["llama3"]), **{field: value})
