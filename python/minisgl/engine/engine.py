@@ -9,7 +9,7 @@ from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx, us
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import load_model
 from minisgl.utils.logger import init_logger
-from minisgl.utils.misc import div_even, get_tp_info
+from minisgl.utils.misc import div_ceil, div_even, get_tp_info
 from minisgl.utils.torch_utils import free_memory, nbytes, resolve_device
 
 from .config import EngineConfig
@@ -43,9 +43,10 @@ class Engine:
         num_slots = self.num_pages * config.page_size
         self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings,
                                num_slots)
-        # row max_running_req is the dummy request's, pointing at the dummy page
+        # row max_running_req is the dummy request's, pointing at the dummy page; whole pages
+        width = div_ceil(self.max_seq_len, config.page_size) * config.page_size
         self.ctx.page_table = self.page_table = torch.zeros(
-            config.max_running_req + 1, self.max_seq_len, dtype=torch.int32, device=self.device)
+            config.max_running_req + 1, width, dtype=torch.int32, device=self.device)
         self.dummy_req = Req(-1, [0], SamplingParams(max_tokens=1),
                              table_idx=config.max_running_req)
         self.page_table[self.dummy_req.table_idx].fill_(num_slots)

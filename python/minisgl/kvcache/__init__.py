@@ -8,8 +8,9 @@ import torch
 from minisgl.models.config import ModelConfig
 from minisgl.utils.misc import div_even, get_tp_info
 
-from .base import BaseKVCachePool
+from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache
 from .mha_pool import MHAKVCachePool
+from .naive_cache import NaivePrefixCache
 
 
 def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,
@@ -20,4 +21,12 @@ def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,
                           page_size, dtype, device)
 
 
-__all__ = ["BaseKVCachePool", "MHAKVCachePool", "create_kvcache_pool"]
+def create_prefix_cache(kind: str, page_size: int) -> BasePrefixCache:
+    """The prefix cache ``kind``: "naive" (keeps nothing)."""
+    if kind == "naive":
+        return NaivePrefixCache(page_size)
+    raise ValueError(f"unknown prefix cache {kind!r}; known: naive")
+
+
+__all__ = ["BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "MHAKVCachePool",
+           "NaivePrefixCache", "create_kvcache_pool", "create_prefix_cache"]

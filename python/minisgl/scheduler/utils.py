@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import List, Sequence
+
+from minisgl.core import Req, SamplingParams
+from minisgl.utils.misc import div_ceil
+
+
+def pages_to_finish(req: Req, page_size: int) -> int:
+    """Pages the request may still take: up to its last possible token, less those it holds.
+
+    Its last token is sampled but never run through the model, so it takes no slot."""
+    return div_ceil(req.max_len - 1, page_size) - div_ceil(req.cached_len, page_size)
+
+
+def check_request(input_ids: Sequence[int], params: SamplingParams, max_seq_len: int,
+                  vocab_size: int) -> SamplingParams:
+    """A ValueError naming what is wrong with a request; else its sampling parameters, with
+    max_tokens cut to what the context leaves after the prompt."""
+    if len(input_ids) == 0:
+        raise ValueError("the prompt is empty: input_ids needs at least one token")
+    if len(input_ids) >= max_seq_len:
+        raise ValueError(f"the prompt has {len(input_ids)} tokens: the context holds "
+                         f"max_seq_len={max_seq_len}, so a prompt has at most {max_seq_len - 1}")
+    if not all(0 <= t < vocab_size for t in input_ids):
+        raise ValueError(f"the prompt's input_ids must be token ids in [0, {vocab_size})")
+    params.validate()
+    return replace(params, max_tokens=min(params.max_tokens, max_seq_len - len(input_ids)))
+
+
+@dataclass
+class StepOutput:
+    """What one scheduler step did: the batch's phase, its requests and how many tokens each
+    ran, and the requests that finished."""
+
+    phase: str
+    uids: List[int]
+    extend_lens: List[int]
+    finished: List[Req] = field(default_factory=list)

@@ -1,0 +1,119 @@
+"""Chapter 7: the scheduler. Continuous batching gives every request the tokens transformers
+gives it alone, whatever arrives when; requests that do not fit wait and finish; max_tokens and
+EOS stop a request; every page and row comes back; bad requests are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import DENSE, encode, hf_greedy
+from minisgl.core import SamplingParams
+from minisgl.scheduler import Scheduler, SchedulerConfig
+
+PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
+           "1 2 3 4 5", "def add(a, b): return a + b", "The weather today is sunny"]
+
+
+def make(path, **options) -> Scheduler:
+    options = {"device": "cpu", "page_size": 4, "num_pages": 64, "max_running_req": 4,
+               "cache_type": "naive", **options}
+    return Scheduler(SchedulerConfig(str(path), **options))
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, ignore_eos=True)
+
+
+def assert_all_returned(s: Scheduler) -> None:
+    s.cache_manager.check_integrity()
+    pool = s.cache_manager
+    cached = pool.prefix_cache.size_info.total_size // pool.page_size
+    assert sorted(pool.free_pages + [-1] * cached)[cached:] == sorted(set(pool.free_pages))
+    assert len(pool.free_pages) + cached == pool.num_pages
+    assert pool.prefix_cache.size_info.protected_size == 0  # nothing left locked
+    assert s.table_manager.available_size == s.config.max_running_req and s.idle
+
+
+@pytest.mark.parametrize("family", DENSE)
+def test_more_requests_than_rows_equal_transformers(tiny_models, family):
+    path = tiny_models[family]
+    s = make(path, max_running_req=2)
+    reqs = [s.add_req(encode(path, p), greedy(8)) for p in PROMPTS]
+    s.run_until_idle()
+    assert [r.output_ids for r in reqs] == hf_greedy(path, PROMPTS, 8)
+    assert_all_returned(s)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_requests_arriving_mid_run(tiny_models, page_size):
+    path = tiny_models["qwen3"]
+    s = make(path, page_size=page_size, num_pages=512 // page_size)
+    lengths = [9, 3, 7, 5, 11, 4]
+    reqs, phases = [], []
+    for step in range(40):
+        if step % 3 == 0 and len(reqs) < len(PROMPTS):  # a new request every third step
+            i = len(reqs)
+            reqs.append(s.add_req(encode(path, PROMPTS[i]), greedy(lengths[i])))
+        out = s.step()
+        phases.append(out.phase if out else None)
+    assert s.idle and "prefill" in phases[3:]  # admitted while others were decoding
+    for req, prompt, n in zip(reqs, PROMPTS, lengths):
+        assert req.output_ids == hf_greedy(path, [prompt], n)[0]
+    assert_all_returned(s)
+
+
+def test_a_pool_too_small_for_all_at_once(tiny_models):
+    path = tiny_models["llama3"]
+    s = make(path, page_size=4, num_pages=10, max_running_req=8)  # 40 token slots
+    reqs = [s.add_req(encode(path, p), greedy(12)) for p in PROMPTS]
+    most_running, waited = 0, False
+    while s.step() is not None:
+        most_running = max(most_running, len(s.decode_manager.running_reqs))
+        waited |= bool(s.waiting) and s.table_manager.available_size > 0  # for pages, not rows
+    assert most_running < len(PROMPTS) and waited
+    assert [r.output_ids for r in reqs] == hf_greedy(path, PROMPTS, 12)
+    assert_all_returned(s)
+
+
+def test_max_tokens_and_eos_stop_a_request(tiny_models):
+    path = tiny_models["mistral"]
+    ref = hf_greedy(path, PROMPTS[:2], 10)
+    s = make(path)
+    s.eos_token_id = ref[0][4]  # pretend the 5th token of request 0 is the end of sequence
+    stop = s.add_req(encode(path, PROMPTS[0]), SamplingParams(max_tokens=10))
+    ignore = s.add_req(encode(path, PROMPTS[0]), greedy(10))
+    short = s.add_req(encode(path, PROMPTS[1]), greedy(3))
+    finished = s.run_until_idle()
+    first_eos = ref[0].index(ref[0][4])
+    assert stop.output_ids == ref[0][: first_eos + 1]  # stops right after producing it
+    assert ignore.output_ids == ref[0] and short.output_ids == ref[1][:3]
+    assert finished.index(short) < finished.index(ignore)
+    assert_all_returned(s)
+
+
+def test_max_tokens_cut_to_the_context(tiny_models):
+    path = tiny_models["qwen2"]
+    s = make(path, max_seq_len=24)
+    prompt = encode(path, " ".join(PROMPTS))[:20]
+    req = s.add_req(prompt, greedy(50))
+    s.run_until_idle()
+    assert len(req.output_ids) == 4 and req.output_ids == hf_greedy(path, [prompt], 4)[0]
+
+
+def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models):
+    path = tiny_models["llama3"]
+    s = make(path, max_seq_len=64)
+    good = [s.add_req(encode(path, p), greedy(6)) for p in PROMPTS[:3]]
+    s.step()
+    s.step()
+    zero, hot = SamplingParams(), SamplingParams()
+    zero.max_tokens, hot.temperature = 0, -0.5  # changed after construction, past its checks
+    bad = [([], greedy(3), "prompt"), (list(range(64)), greedy(3), "max_seq_len"),
+           ([1, 2], zero, "max_tokens"), ([1, 2], hot, "temperature"),
+           ([1, 100000], greedy(3), "input_ids")]
+    for ids, params, field in bad:
+        with pytest.raises(ValueError, match=field):
+            s.add_req(ids, params)
+    late = s.add_req(encode(path, PROMPTS[3]), greedy(6))
+    s.run_until_idle()
+    assert [r.output_ids for r in good + [late]] == hf_greedy(path, PROMPTS[:4], 6)
+    assert_all_returned(s)
