@@ -64,7 +64,8 @@ with tempfile.TemporaryDirectory() as tmp:
     logits = sequence_logits(model, ids)
     with torch.no_grad():
         ref = hf(torch.tensor([ids])).logits[0]
-    print(f"\n'The quick brown fox' -> {len(ids)} tokens {ids}")
+    print(f"\n'The quick brown fox' -> {len(ids)} tokens {ids}: "
+          f"{[tok.decode([i]) for i in ids]}")
     print(f"logits {list(logits.shape)} against transformers, max |diff| < 1e-4:",
           bool((logits - ref).abs().max() < 1e-4))
     nxt = int(logits[-1].argmax())

@@ -70,7 +70,7 @@ with tempfile.TemporaryDirectory() as tmp:
         p = req.sampling_params
         how = f"temperature {p.temperature}, top_k {p.top_k}, top_p {p.top_p}"
         how = "greedy" if p.is_greedy else how
-        print(f"  {how:38s} {req.output_ids}")
+        print(f"  {how:38s} {req.output_ids}\n  {'':38s} {tok.decode(req.output_ids)!r}")
     again = generate(seed=0)
     print("the same seed again gives the same tokens:",
           [r.output_ids for r in again] == [r.output_ids for r in first])

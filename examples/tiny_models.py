@@ -2,8 +2,9 @@
 
 Each model is a directory like one from the Hub: ``config.json``, ``model.safetensors``,
 ``generation_config.json`` and tokenizer files that ``transformers.AutoTokenizer`` loads. The
-tokenizer is a byte-level BPE trained with ``tokenizers`` on the small text below. Weights come
-from a fixed seed, so the same call makes the same model on every machine.
+tokenizer is a BPE trained with ``tokenizers`` on the small text below, over printable ASCII
+only, so that every token id decodes to readable text. Weights come from a fixed seed, so the
+same call makes the same model on every machine.
 
 Families (hidden 64, 4 query heads, 2 KV heads, head_dim 16, 2 layers, float32):
     llama3    Llama 3 with ``rope_type: llama3`` long-context scaling
@@ -26,8 +27,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-VOCAB_SIZE = 384  # 256 byte tokens, 3 special tokens, 125 merges
+VOCAB_SIZE = 450  # 4 special tokens, 96 characters, 350 merges: each word of TEXT is a token
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+UNK_TOKEN = "<unk>"
+# Qwen2's pre-tokenizer: words with their leading space, single digits, punctuation, whitespace
+QWEN2_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -91,21 +98,41 @@ def _config(name: str, eos: int):
 
 
 def _train_tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A BPE over printable ASCII, trained on ``TEXT`` until every word of it is one token.
+
+    The pipeline is Qwen2's (NFC, its pre-tokenizing regex, byte-level): transformers 5 loads any
+    ``qwen2`` directory with ``Qwen2Tokenizer``, which rebuilds that pipeline around the saved
+    vocabulary and merges, so every family must use it to encode alike. Byte-level maps the space
+    to ``Ġ``, the newline to ``Ċ`` and printable ASCII to itself. The alphabet is those 96
+    characters only, with no token for any other byte: every id decodes to readable text. Any
+    other character encodes to one ``<unk>`` per UTF-8 byte (``Qwen2Tokenizer``, whose BPE has
+    no unknown token, drops it).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"), byte_level]
+    )
     tok.decoder = decoders.ByteLevel()
+    ascii_text = "\n" + "".join(map(chr, range(32, 127)))
+    alphabet = list(byte_level.pre_tokenize_str(ascii_text)[0][0])
     trainer = trainers.BpeTrainer(
         vocab_size=VOCAB_SIZE,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte has a token
+        special_tokens=SPECIAL_TOKENS + [UNK_TOKEN],
+        initial_alphabet=alphabet,
+        limit_alphabet=len(alphabet),
         show_progress=False,
     )
-    tok.train_from_iterator(TEXT.splitlines(), trainer=trainer)
+    tok.train_from_iterator([TEXT], trainer=trainer)
+    if tok.get_vocab_size() != VOCAB_SIZE:  # the config's vocab_size must be the tokenizer's
+        raise RuntimeError(f"the tokenizer has {tok.get_vocab_size()} tokens, not {VOCAB_SIZE}")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        unk_token=UNK_TOKEN,
     )
     fast.chat_template = CHAT_TEMPLATE
     return fast
@@ -115,19 +142,20 @@ def _randomize(model: torch.nn.Module, seed: int) -> None:
     """Weights large enough that the logits are well apart (greedy decoding has no near-ties)."""
     gen = torch.Generator().manual_seed(seed)
     # A tied LM head scores each token by its own embedding: with large embeddings the model
-    # mostly repeats its input. Keep them small and scale the final norm up instead.
+    # mostly repeats its input. Keep them small (0.02) and scale the final norm up (20) instead,
+    # so that the logits spread as widely as with embeddings of 0.1 and a final norm of 4.
     tied = model.config.tie_word_embeddings
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             noise = torch.randn(p.shape, generator=gen)
             if name == "model.norm.weight":
-                p.copy_((1.0 + 0.1 * noise) * (4.0 if tied else 1.0))
+                p.copy_((1.0 + 0.1 * noise) * (20.0 if tied else 1.0))
             elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * noise)
             elif name.endswith(".bias"):
                 p.copy_(0.1 * noise)
             elif "embed_tokens" in name:
-                p.copy_(noise * (0.1 if tied else 1.0))
+                p.copy_(noise * (0.02 if tied else 1.0))
             elif name == "lm_head.weight":
                 p.copy_(4.0 * noise / p.shape[-1] ** 0.5)
             else:  # projections [out, in], experts [E, out, in], router [E, hidden]
@@ -144,6 +172,18 @@ def _check_expert_layout(path: Path) -> None:
         fused = [k for k in f.keys() if re.search(r"\.experts\.(gate_up|down)_proj$", k)]
     if fused:
         raise RuntimeError(f"this transformers version saved fused experts: {fused[:2]}")
+
+
+def _check_tokenizer(path: Path, trained) -> None:
+    """transformers chooses the tokenizer class by model type too (``Qwen2Tokenizer`` for qwen2,
+    with its own pipeline): what ``AutoTokenizer`` loads must encode as the trained one."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(path)
+    text = TEXT + "".join(map(chr, range(32, 127)))
+    if len(loaded) != VOCAB_SIZE or loaded.encode(text) != trained.encode(text):
+        raise RuntimeError(f"AutoTokenizer loads a {type(loaded).__name__} from {path} that does "
+                           "not encode as the trained tokenizer")
 
 
 def make_tiny_model(name: str, directory: str | Path) -> Path:
@@ -167,6 +207,7 @@ def make_tiny_model(name: str, directory: str | Path) -> Path:
     tok_config = json.loads(config_file.read_text())
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_file.write_text(json.dumps(tok_config, indent=2) + "\n")
+    _check_tokenizer(path, tokenizer)
     _check_expert_layout(path)
     return path
 
