@@ -11,6 +11,7 @@ from minisgl.utils.misc import div_even, get_tp_info
 from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache
 from .mha_pool import MHAKVCachePool
 from .naive_cache import NaivePrefixCache
+from .radix_cache import RadixPrefixCache
 
 
 def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,
@@ -22,11 +23,13 @@ def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,
 
 
 def create_prefix_cache(kind: str, page_size: int) -> BasePrefixCache:
-    """The prefix cache ``kind``: "naive" (keeps nothing)."""
+    """The prefix cache ``kind``: "radix" (shares prefixes) or "naive" (keeps nothing)."""
+    if kind == "radix":
+        return RadixPrefixCache(page_size)
     if kind == "naive":
         return NaivePrefixCache(page_size)
-    raise ValueError(f"unknown prefix cache {kind!r}; known: naive")
+    raise ValueError(f"unknown prefix cache {kind!r}; known: naive, radix")
 
 
 __all__ = ["BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "MHAKVCachePool",
-           "NaivePrefixCache", "create_kvcache_pool", "create_prefix_cache"]
+           "NaivePrefixCache", "RadixPrefixCache", "create_kvcache_pool", "create_prefix_cache"]

@@ -65,7 +65,8 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def match_prefix(self, input_ids: Sequence[int]) -> BaseCacheHandle:
-        """The longest cached prefix of ``input_ids`` (changes nothing)."""
+        """The longest cached prefix of ``input_ids`` (no tokens come or go; the cache may
+        reorganize itself, a radix tree splitting an edge)."""
 
     @abstractmethod
     def insert_prefix(self, input_ids: Sequence[int], slots: torch.Tensor) -> InsertResult:

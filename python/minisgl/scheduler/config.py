@@ -10,7 +10,7 @@ class SchedulerConfig(EngineConfig):
     """The engine's options, and how the scheduler fills each forward."""
 
     max_extend_tokens: int = 1024  # prompt tokens one prefill forward takes at most
-    cache_type: str = "naive"  # the prefix cache: "naive"
+    cache_type: str = "radix"  # the prefix cache: "radix" or "naive"
 
     def __post_init__(self) -> None:
         super().__post_init__()
