@@ -12,15 +12,17 @@ from minisgl.utils.hf import read_hf_config
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .prefill import PrefillManager
 from .table import TableManager
-from .utils import StepOutput, check_request, pages_to_finish
+from .utils import StepOutput, check_request
 
 
 class Scheduler:
-    """Continuous batching: each step runs either a prefill of newly admitted requests or a
-    decode step of all running ones; a finished request leaves at once and its row and pages
-    serve the next. A request waits (never dropped) until there is a row for it and pages for
-    everything it may still generate, so a running request never runs out of pages.
+    """Continuous batching: each step runs either a prefill (new requests, or the next chunk of
+    a long prompt, within a token budget) or a decode step of all running requests; a finished
+    request leaves at once and its row and pages serve the next. A request waits (never dropped)
+    until there is a row for it and pages for everything it may still generate, so a running
+    request never runs out of pages.
     """
 
     def __init__(self, config: SchedulerConfig):
@@ -32,7 +34,8 @@ class Scheduler:
                                           self.engine.page_table,
                                           create_prefix_cache(config.cache_type, config.page_size))
         self.decode_manager = DecodeManager()
-        self.waiting: List[Req] = []  # arrived, not yet admitted, in order of arrival
+        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager,
+                                              self.decode_manager, config.page_size)
         self.eos_token_id = _eos_token_id(config.model_path)
         self._next_uid = 0
 
@@ -42,16 +45,22 @@ class Scheduler:
                                self.engine.model_config.vocab_size)
         req = Req(self._next_uid, list(input_ids), params)
         self._next_uid += 1
-        self.waiting.append(req)
+        self.prefill_manager.add_req(req)
         return req
 
     @property
+    def waiting(self) -> List[Req]:
+        """Requests not yet admitted, or admitted with part of their prompt still to run."""
+        return self.prefill_manager.waiting
+
+    @property
     def idle(self) -> bool:
-        return not self.waiting and not self.decode_manager.runnable
+        return not self.prefill_manager.runnable and not self.decode_manager.runnable
 
     def step(self) -> StepOutput | None:
         """Schedule one batch (prefill first), run it, and process its tokens. None when idle."""
-        batch = self._schedule_prefill() or self.decode_manager.schedule_next_batch()
+        batch = (self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
+                 or self.decode_manager.schedule_next_batch())
         if batch is None:
             return None
         extend_lens = [r.extend_len for r in batch.reqs]
@@ -70,42 +79,11 @@ class Scheduler:
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    def _schedule_prefill(self) -> Batch | None:
-        """Admit waiting requests in order while there is a row, pages for all they may still
-        need on top of what the running ones may need, and room in the token budget (the first
-        one always fits the budget: a prompt is never split before chapter 9)."""
-        budget = self.config.max_extend_tokens
-        reserved = self.decode_manager.reserved_pages(self.page_size)
-        admitted: List[Req] = []
-        while self.waiting and self.table_manager.available_size > 0:
-            req = self.waiting[0]
-            handle = self.cache_manager.match_req(req)
-            extend_len = len(req.input_ids) - handle.cached_len
-            if admitted and extend_len > budget:
-                break
-            self.cache_manager.lock(handle)  # before counting: locked pages cannot be evicted
-            req.cached_len = handle.cached_len
-            needed = pages_to_finish(req, self.page_size)
-            if needed + reserved > self.cache_manager.available_pages:
-                self.cache_manager.unlock(handle)
-                req.cached_len = 0
-                break
-            self._admit(req, handle)
-            budget -= extend_len
-            reserved += needed
-            admitted.append(self.waiting.pop(0))
-        return Batch(admitted, "prefill") if admitted else None
-
-    def _admit(self, req: Req, handle) -> None:
-        """A row of the page table, its first entries the slots of the matched prefix."""
-        req.table_idx = self.table_manager.allocate()
-        req.cache_handle = handle
-        req.device_len = len(req.input_ids)
-        self.engine.page_table[req.table_idx, : handle.cached_len] = handle.get_matched_indices()
-
     def _process_tokens(self, batch: Batch, next_tokens: List[int]) -> List[Req]:
         finished = []
         for req, token in zip(batch.reqs, next_tokens):
+            if req.device_len < len(req.input_ids):
+                continue  # a chunk of a prompt: no token yet, the next chunk follows
             req.append(token)
             if req.is_finished(self.eos_token_id):
                 self.decode_manager.remove_req(req)

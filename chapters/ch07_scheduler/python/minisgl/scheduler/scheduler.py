@@ -1,0 +1,123 @@
+"""The scheduler: requests in, one batch per step, tokens out (continuous batching)."""
+
+from __future__ import annotations
+
+from typing import List, Sequence
+
+from minisgl.core import Batch, Req, SamplingParams
+from minisgl.engine.engine import Engine
+from minisgl.kvcache import create_prefix_cache
+from minisgl.utils.hf import read_hf_config
+
+from .cache import CacheManager
+from .config import SchedulerConfig
+from .decode import DecodeManager
+from .table import TableManager
+from .utils import StepOutput, check_request, pages_to_finish
+
+
+class Scheduler:
+    """Continuous batching: each step runs either a prefill of newly admitted requests or a
+    decode step of all running ones; a finished request leaves at once and its row and pages
+    serve the next. A request waits (never dropped) until there is a row for it and pages for
+    everything it may still generate, so a running request never runs out of pages.
+    """
+
+    def __init__(self, config: SchedulerConfig):
+        self.config = config
+        self.engine = Engine(config)
+        self.page_size = config.page_size
+        self.table_manager = TableManager(config.max_running_req)
+        self.cache_manager = CacheManager(self.engine.num_pages, config.page_size,
+                                          self.engine.page_table,
+                                          create_prefix_cache(config.cache_type, config.page_size))
+        self.decode_manager = DecodeManager()
+        self.waiting: List[Req] = []  # arrived, not yet admitted, in order of arrival
+        self.eos_token_id = _eos_token_id(config.model_path)
+        self._next_uid = 0
+
+    def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
+        """Queue a request; a ValueError naming the field if it is bad (nothing is queued)."""
+        params = check_request(input_ids, params, self.engine.max_seq_len,
+                               self.engine.model_config.vocab_size)
+        req = Req(self._next_uid, list(input_ids), params)
+        self._next_uid += 1
+        self.waiting.append(req)
+        return req
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.decode_manager.runnable
+
+    def step(self) -> StepOutput | None:
+        """Schedule one batch (prefill first), run it, and process its tokens. None when idle."""
+        batch = self._schedule_prefill() or self.decode_manager.schedule_next_batch()
+        if batch is None:
+            return None
+        extend_lens = [r.extend_len for r in batch.reqs]
+        self.cache_manager.allocate(batch.reqs)
+        next_tokens = self.engine.forward_batch(batch).tolist()
+        finished = self._process_tokens(batch, next_tokens)
+        return StepOutput(batch.phase, [r.uid for r in batch.reqs], extend_lens, finished)
+
+    def run_until_idle(self) -> List[Req]:
+        """Step until every request has finished; the requests in the order they finished."""
+        finished: List[Req] = []
+        while (out := self.step()) is not None:
+            finished.extend(out.finished)
+        return finished
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def _schedule_prefill(self) -> Batch | None:
+        """Admit waiting requests in order while there is a row, pages for all they may still
+        need on top of what the running ones may need, and room in the token budget (the first
+        one always fits the budget: a prompt is never split before chapter 9)."""
+        budget = self.config.max_extend_tokens
+        reserved = self.decode_manager.reserved_pages(self.page_size)
+        admitted: List[Req] = []
+        while self.waiting and self.table_manager.available_size > 0:
+            req = self.waiting[0]
+            handle = self.cache_manager.match_req(req)
+            extend_len = len(req.input_ids) - handle.cached_len
+            if admitted and extend_len > budget:
+                break
+            self.cache_manager.lock(handle)  # before counting: locked pages cannot be evicted
+            req.cached_len = handle.cached_len
+            needed = pages_to_finish(req, self.page_size)
+            if needed + reserved > self.cache_manager.available_pages:
+                self.cache_manager.unlock(handle)
+                req.cached_len = 0
+                break
+            self._admit(req, handle)
+            budget -= extend_len
+            reserved += needed
+            admitted.append(self.waiting.pop(0))
+        return Batch(admitted, "prefill") if admitted else None
+
+    def _admit(self, req: Req, handle) -> None:
+        """A row of the page table, its first entries the slots of the matched prefix."""
+        req.table_idx = self.table_manager.allocate()
+        req.cache_handle = handle
+        req.device_len = len(req.input_ids)
+        self.engine.page_table[req.table_idx, : handle.cached_len] = handle.get_matched_indices()
+
+    def _process_tokens(self, batch: Batch, next_tokens: List[int]) -> List[Req]:
+        finished = []
+        for req, token in zip(batch.reqs, next_tokens):
+            req.append(token)
+            if req.is_finished(self.eos_token_id):
+                self.decode_manager.remove_req(req)
+                self.cache_manager.cache_req(req, finished=True)
+                self.table_manager.free(req.table_idx)
+                finished.append(req)
+            elif batch.is_prefill:  # its prompt is cached now: share it, then decode
+                self.cache_manager.cache_req(req, finished=False)
+                self.decode_manager.add_reqs([req])
+        return finished
+
+
+def _eos_token_id(model_path: str) -> int | None:
+    eos = read_hf_config(model_path).get("eos_token_id")
+    return eos[0] if isinstance(eos, list) else eos
