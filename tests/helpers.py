@@ -95,3 +95,18 @@ def hf_to_minisgl_state(hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Te
 def copy_hf_weights(hf: Any, model: Any) -> None:
     """Copy a transformers model's weights into a minisgl model of the same config."""
     model.load_state_dict(hf_to_minisgl_state(hf.state_dict()))
+
+
+def build_llm(path: str | Path) -> Any:
+    """An offline ``LLM`` with small CPU options: a few pages of 4 tokens, a few rows."""
+    from minisgl.llm import LLM
+
+    return LLM(str(path), device="cpu", page_size=4, num_pages=256, max_running_req=8,
+               max_extend_tokens=256)
+
+
+def greedy(n: int) -> Any:
+    """Sampling parameters for exactly ``n`` greedy tokens (EOS does not stop them)."""
+    from minisgl.core import SamplingParams
+
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
