@@ -188,3 +188,26 @@ def test_eviction_under_memory_pressure_keeps_tokens_right(tiny_models):
     cache = s.cache_manager
     cache.check_integrity()
     assert len(cache.free_pages) + cache.prefix_cache.size_info.total_size // 2 == 40
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_the_same_prompt_twice_in_one_batch(tiny_models, page_size):
+    """Both compute the prompt; the second to be cached finds it in the tree already, points
+    its row at the tree's slots and gives its own pages back: none lost, none freed twice."""
+    path = tiny_models["llama3"]
+    s = Scheduler(SchedulerConfig(str(path), device="cpu", page_size=page_size,
+                                  num_pages=256 // page_size, max_running_req=4))
+    prompt = encode(path, SYSTEM)
+    reqs = [s.add_req(prompt, SamplingParams(max_tokens=n, ignore_eos=True)) for n in (9, 5)]
+    out = s.step()
+    assert out is not None and out.extend_lens == [len(prompt)] * 2
+    rows = [s.engine.page_table[r.table_idx, : len(prompt) // page_size * page_size].tolist()
+            for r in reqs]
+    assert rows[0] == rows[1]  # one copy of the prompt's pages, shared
+    s.run_until_idle()
+    ref = hf_greedy(path, [prompt], 9)[0]
+    assert reqs[0].output_ids == ref and reqs[1].output_ids == ref[:5]
+    cache = s.cache_manager
+    cache.check_integrity()
+    used = cache.prefix_cache.size_info.total_size // page_size
+    assert len(cache.free_pages) + used == cache.num_pages
