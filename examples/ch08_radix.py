@@ -7,6 +7,7 @@ lock the paths they use; when pages run short, unlocked leaves go, least recentl
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import tiny_models
@@ -64,8 +65,9 @@ with tempfile.TemporaryDirectory() as tmp:
     cache.check_integrity()
 
     prompts = [tok.encode(SYSTEM + q) for q in QUESTIONS]
-    print(f"\nfour requests share a {len(tok.encode(SYSTEM))}-token system prompt, "
-          "one after another:")
+    shared = min(len(os.path.commonprefix([prompts[0], ids])) for ids in prompts[1:])
+    print(f"\nfour requests start with one system prompt ({len(tok.encode(SYSTEM))} tokens alone; "
+          f"{shared} tokens common to all four), one after another:")
     outputs = {}
     for kind in ("naive", "radix"):
         scheduler = Scheduler(SchedulerConfig(path, device="cpu", page_size=4, num_pages=64,

@@ -65,8 +65,8 @@ class BasePrefixCache(ABC):
 
     @abstractmethod
     def match_prefix(self, input_ids: Sequence[int]) -> BaseCacheHandle:
-        """The longest cached prefix of ``input_ids`` (no tokens come or go; the cache may
-        reorganize itself, a radix tree splitting an edge)."""
+        """The longest cached prefix of ``input_ids``. No tokens come or go, though the cache
+        may reorganize itself (chapter 8's radix tree splits an edge)."""
 
     @abstractmethod
     def insert_prefix(self, input_ids: Sequence[int], slots: torch.Tensor) -> InsertResult:
