@@ -58,9 +58,9 @@ def test_bad_requests_are_refused_and_the_llm_keeps_serving(tiny_models):
     too_long = " ".join(PROMPTS * 4)
     cases = [([""], greedy(3), "prompt"), ([too_long], greedy(3), "max_seq_len"),
              (["Hello"], zero, "max_tokens"), (["Hello"], cold, "temperature")]
-    for prompts, params, field in cases:
-        with pytest.raises(ValueError, match=field):
-            llm.generate(PROMPTS[:2] + prompts, params)
+    for prompts, params, field in cases:  # two good requests, then the bad one
+        with pytest.raises(ValueError, match=f"request 2: .*{field}"):
+            llm.generate(PROMPTS[:2] + prompts, [greedy(3), greedy(3), params])
     assert llm.scheduler.idle  # nothing of the refused calls was queued
     out = llm.generate(PROMPTS[:4], greedy(6))
     assert [o["token_ids"] for o in out] == hf_greedy(path, PROMPTS[:4], 6)
