@@ -69,8 +69,9 @@ with tempfile.TemporaryDirectory() as tmp:
     with use_global_ctx(ctx):
         while not req.is_finished(tok.eos_token_id):
             step = "prefill" if req.cached_len == 0 else "decode "
-            print(f"  {step} runs {req.extend_len} token(s) at positions "
-                  f"{req.cached_len}..{req.device_len - 1}")
+            where = (f"positions {req.cached_len}..{req.device_len - 1}" if req.extend_len > 1
+                     else f"position {req.cached_len}")
+            print(f"  {step} runs {req.extend_len} token(s) at {where}")
             give_pages(req)
             req.append(forward(model, ctx, req))
     row = ctx.page_table[0, : req.cached_len].tolist()

@@ -103,8 +103,9 @@ class Batch:
     """The requests run together in one forward pass: each brings ``extend_len`` new tokens, laid
     one request after another, and gets one row of logits (its last token's) and one new token.
 
-    The tensors are made when the batch is prepared (``Engine.prepare_batch``), T new tokens:
-    input_ids, positions, out_loc: [T]; ``out_loc`` is the KV slot each token's K and V go to.
+    The tensors are made just before its forward (by ``sequence_logits`` for one sequence; by
+    the engine, from chapter 6), T new tokens: input_ids, positions, out_loc: [T]; ``out_loc`` is
+    the KV slot each token's K and V go to.
     """
 
     reqs: List[Req]

@@ -10,7 +10,7 @@ class MHAKVCachePool(BaseKVCachePool):
 
     buffer: [2, layers, pages, page_size, kv_heads, head_dim], K at index 0 and V at index 1.
     A page holds ``page_size`` consecutive tokens of one request; the backends address tokens by
-    slot, through a view of the same storage as [layers, pages * page_size, kv_heads, head_dim].
+    slot, through a view of the same storage, [2, layers, pages * page_size, kv_heads, head_dim].
     """
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, num_pages: int,
