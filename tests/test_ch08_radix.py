@@ -101,7 +101,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["insert", "match", "lock", "unlock", "
                max_size=40)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)  # the same examples every run
 @given(ops=OPS, page_size=st.sampled_from([1, 2]))
 def test_integrity_under_random_operations(ops, page_size):
     """Against a literal model: the cached prefixes, page by page, and their pages' slots."""
