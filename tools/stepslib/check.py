@@ -26,7 +26,7 @@ from typing import TextIO
 
 from . import runner
 from .book import Book, Chapter
-from .imports import Closure, Forward, Problem
+from .imports import Closure, Forward, Problem, module_name
 from .render import PRINTS, TEXT, text_problems
 from .tree import package_files, tree_at, write_tree
 
@@ -91,16 +91,12 @@ def _check_closure(book: Book, chapter: Chapter, result: Result) -> None:
     main = book.root / chapter.main
     shown[main] = chapter.main
     closure = Closure(files, shown)
+    targets = [(source, module_name(p)) for p, source in files.items() if p.endswith(".py")]
     problems: list[Problem] = []
-    for path, source in files.items():
-        if path.endswith(".py"):
-            module = path[:-3].replace("/", ".").removesuffix(".__init__")
-            found, forwards = closure.check(source, module, chapter.number)
-            problems += found
-            result.forwards += forwards
-    found, forwards = closure.check(main, "", chapter.number)
-    problems += found
-    result.forwards += forwards
+    for source, module in [*targets, (main, "")]:  # the main is outside the package
+        found, forwards = closure.check(source, module, chapter.number)
+        problems += found
+        result.forwards += forwards
     result.steps["imports"] = "ok" if not problems else f"{len(problems)} broken"
     if problems:
         result.fail("imports", result.steps["imports"], "\n".join(map(str, problems)))

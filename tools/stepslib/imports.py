@@ -42,13 +42,7 @@ class Closure:
     """The modules of one tree: `files` maps a path under package_root to the file holding it."""
 
     def __init__(self, files: dict[str, Path], shown: dict[Path, str]):
-        self.modules: dict[str, Path] = {}
-        for path, source in files.items():
-            if path.endswith(".py"):
-                parts = path[:-3].split("/")
-                if parts[-1] == "__init__":
-                    parts.pop()
-                self.modules[".".join(parts)] = source
+        self.modules = {module_name(p): source for p, source in files.items() if p.endswith(".py")}
         self.packages = {m.split(".")[0] for m in self.modules}
         self.shown = shown  # how to name a file in a message
 
@@ -88,6 +82,12 @@ class Closure:
         if name in found.names or found.open:
             return ""
         return f"`{_spelled(module, name)}`: {module} has no name {name!r} in this tree"
+
+
+def module_name(path: str) -> str:
+    """`minisgl/layers/base.py` -> `minisgl.layers.base`; `minisgl/layers/__init__.py` -> the
+    package, `minisgl.layers`."""
+    return path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
 
 
 def _spelled(module: str, name: str | None) -> str:
