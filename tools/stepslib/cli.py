@@ -125,7 +125,8 @@ def cmd_checkout(book: Book, args: argparse.Namespace) -> int:
     else:
         write_tree(tree_at(book, chapter), dest)
     print(f"wrote the tree at {chapter.id} to {dest}"
-          + (f" (git: one commit per chapter, tags ch..{chapter.id})" if args.git else ""))
+          + (f" (git: a commit per chapter, tagged {book.chapters[0].id}..{chapter.id})"
+             if args.git else ""))
     print(f"run its main: cd {dest} && PYTHONPATH=python python {chapter.main}")
     return 0
 
