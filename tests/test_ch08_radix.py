@@ -187,7 +187,7 @@ def test_eviction_under_memory_pressure_keeps_tokens_right(tiny_models):
     assert [r.output_ids for r in reqs] == ref and [r.output_ids for r in again] == ref[:2]
     cache = s.cache_manager
     cache.check_integrity()
-    assert len(cache.free_pages) + cache.prefix_cache.size_info.total_size // 2 == 40
+    assert cache.num_free_pages + cache.prefix_cache.size_info.total_size // 2 == 40
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -210,4 +210,4 @@ def test_the_same_prompt_twice_in_one_batch(tiny_models, page_size):
     cache = s.cache_manager
     cache.check_integrity()
     used = cache.prefix_cache.size_info.total_size // page_size
-    assert len(cache.free_pages) + used == cache.num_pages
+    assert cache.num_free_pages + used == cache.num_pages

@@ -25,6 +25,10 @@ class CacheManager:
         self.free_pages: List[int] = list(range(num_pages))
 
     @property
+    def num_free_pages(self) -> int:
+        return len(self.free_pages)
+
+    @property
     def available_pages(self) -> int:
         """Pages a request could get now: the free ones and those the prefix cache may evict."""
         return len(self.free_pages) + self.prefix_cache.size_info.evictable_size // self.page_size
