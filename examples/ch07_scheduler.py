@@ -50,15 +50,15 @@ with tempfile.TemporaryDirectory() as tmp:
         out = scheduler.step()
         assert out is not None
         batch = " ".join(f"{u}:{n}" for u, n in zip(out.uids, out.extend_lens))
-        used = config.num_pages - len(cache.free_pages)
+        used = config.num_pages - cache.num_free_pages
         waiting = [r.uid for r in scheduler.waiting]
         done = [r.uid for r in out.finished]
-        print(f"{step:4d}  {out.phase:7s} {batch:22s} {used:4d} / {len(cache.free_pages):<4d}"
+        print(f"{step:4d}  {out.phase:7s} {batch:22s} {used:4d} / {cache.num_free_pages:<4d}"
               f"       {str(waiting):8s} {done or ''}")
         step += 1
     print("(a batch entry uid:n means request uid ran n tokens)")
     cache.check_integrity()
-    print(f"\nall done: {len(cache.free_pages)} of {config.num_pages} pages free again, "
+    print(f"\nall done: {cache.num_free_pages} of {config.num_pages} pages free again, "
           f"{scheduler.table_manager.available_size} rows free")
     for req in reqs:
         print(f"  request {req.uid}: {req.output_ids} {tok.decode(req.output_ids)!r}")

@@ -100,7 +100,7 @@ def test_seeded_sampling_is_reproducible(tiny_models):
 def test_kv_cache_sized_from_the_budget(tiny_models):
     path = tiny_models["llama3"]
     engine = Engine(EngineConfig(str(path), device="cpu", page_size=16, cpu_kv_bytes=1 << 20,
-                                 max_running_req=2))
+                                 max_running_req=8))  # 8 rows of 512 tokens: 256 pages, > budget
     per_page = 2 * 2 * 16 * 2 * 16 * 4  # K and V, layers, page_size, kv heads, head_dim, float32
     assert engine.bytes_per_page() == per_page
     assert engine.num_pages == (1 << 20) // per_page
@@ -108,6 +108,21 @@ def test_kv_cache_sized_from_the_budget(tiny_models):
     dummy_slot = engine.num_pages * 16
     assert (engine.page_table[engine.dummy_req.table_idx] == dummy_slot).all()
     assert engine.max_seq_len == min(512, engine.num_pages * 16)
+
+
+@pytest.mark.parametrize("page_size, max_seq_len, rows, pages", [
+    (16, None, 2, 2 * 512 // 16),  # two rows of the model's 512 positions
+    (16, 100, 3, 3 * 7),  # 100 tokens need 7 pages of 16 (rounded up, not down)
+    (1, 100, 3, 300),
+])
+def test_kv_cache_no_bigger_than_the_rows_can_fill(tiny_models, page_size, max_seq_len, rows,
+                                                   pages):
+    """A budget that holds more than every row filled to max_seq_len gets only that many."""
+    engine = Engine(EngineConfig(str(tiny_models["llama3"]), device="cpu", page_size=page_size,
+                                 cpu_kv_bytes=64 << 20, max_running_req=rows,
+                                 max_seq_len=max_seq_len))
+    assert engine.num_pages == pages
+    assert engine.max_seq_len == (max_seq_len or 512)
 
 
 def test_bad_engine_options_name_the_field(tiny_models):

@@ -56,7 +56,7 @@ def test_no_prefill_takes_more_than_the_budget(tiny_models, page_size):
     assert all(sum(lens) <= 7 for lens in prefills)
     assert sum(map(sum, prefills)) == sum(map(len, prompts))  # every prompt token, once
     s.cache_manager.check_integrity()
-    assert len(s.cache_manager.free_pages) + s.cache_manager.prefix_cache.size_info.total_size \
+    assert s.cache_manager.num_free_pages + s.cache_manager.prefix_cache.size_info.total_size \
         // page_size == s.engine.num_pages
 
 

@@ -72,21 +72,30 @@ class Engine:
             self.dtype)
 
     def _determine_num_pages(self, used_before: int) -> int:
-        """``config.num_pages``, or as many pages as the budget holds: on a GPU the share
-        ``memory_ratio`` of its memory less the weights, on a CPU ``cpu_kv_bytes``."""
+        """``config.num_pages``, or as many pages as the budget holds (on a GPU the share
+        ``memory_ratio`` of its memory less the weights, on a CPU ``cpu_kv_bytes``), but no more
+        than ``max_running_req`` requests of ``max_seq_len`` tokens can ever fill."""
         num_pages = self.config.num_pages
         if num_pages is None:
-            if self.device.type == "cuda":
-                total = torch.cuda.mem_get_info(self.device)[1]
-                weights = total - free_memory(self.device) - used_before
-                budget = int(self.config.memory_ratio * (total - used_before)) - weights
-            else:
-                budget = self.config.cpu_kv_bytes
-            num_pages = budget // self.bytes_per_page()
+            by_budget = self._kv_budget(used_before) // self.bytes_per_page()
+            num_pages = min(by_budget, self._most_pages_needed())
         if num_pages < 1:
             raise ValueError("no memory left for the KV cache: give num_pages or more memory")
         logger.info("KV cache: %d pages of %d tokens", num_pages, self.config.page_size)
         return num_pages
+
+    def _kv_budget(self, used_before: int) -> int:
+        """Bytes for the KV cache: on a GPU what the memory ratio leaves after the weights."""
+        if self.device.type != "cuda":
+            return self.config.cpu_kv_bytes
+        total = torch.cuda.mem_get_info(self.device)[1]
+        weights = total - free_memory(self.device) - used_before
+        return int(self.config.memory_ratio * (total - used_before)) - weights
+
+    def _most_pages_needed(self) -> int:
+        """Pages that every row of the page table, filled to ``max_seq_len``, would hold."""
+        max_seq_len = self.config.max_seq_len or self.model_config.max_position_embeddings
+        return self.config.max_running_req * div_ceil(max_seq_len, self.config.page_size)
 
     def prepare_batch(self, batch: Batch) -> None:
         """The batch's tensors, from its requests' tokens and page-table rows (the pages must be

@@ -13,8 +13,11 @@ class CacheManager:
     """The KV pool's pages: which are free, which a request holds, which the prefix cache keeps.
 
     A request's page-table row lists a slot per token; its pages are given as its tokens need
-    them (``allocate``) and, when it finishes, go to the prefix cache or back to the free list
-    (``cache_req``). When the free list runs dry, the prefix cache evicts unlocked pages.
+    them (``allocate``) and, when it finishes, go to the prefix cache or back to the free pages
+    (``cache_req``). When free pages run out, the prefix cache evicts unlocked pages.
+
+    The free pages wait in a queue kept in one fixed tensor (a ring): pages leave at its head and
+    come back at its tail, so taking or giving n pages costs O(n), however large the pool.
     """
 
     def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor,
@@ -22,16 +25,18 @@ class CacheManager:
         self.num_pages, self.page_size = num_pages, page_size
         self.page_table = page_table
         self.prefix_cache = prefix_cache
-        self.free_pages: List[int] = list(range(num_pages))
+        self._ring = torch.arange(num_pages, dtype=torch.int32, device=page_table.device)
+        self._head = 0  # the ring's index of the next page to hand out
+        self._num_free = num_pages  # free pages: ring[head], ring[head + 1], ... (mod num_pages)
 
     @property
     def num_free_pages(self) -> int:
-        return len(self.free_pages)
+        return self._num_free
 
     @property
     def available_pages(self) -> int:
         """Pages a request could get now: the free ones and those the prefix cache may evict."""
-        return len(self.free_pages) + self.prefix_cache.size_info.evictable_size // self.page_size
+        return self._num_free + self.prefix_cache.size_info.evictable_size // self.page_size
 
     def match_req(self, req: Req) -> BaseCacheHandle:
         """The cached prefix of the prompt, short of its last token (whose logits we need)."""
@@ -46,11 +51,11 @@ class CacheManager:
     def allocate(self, reqs: List[Req]) -> None:
         """Pages for every request's positions [cached_len, device_len), into its row."""
         size = self.page_size
+        offsets = torch.arange(size, dtype=torch.int32, device=self.page_table.device)
         for req in reqs:
             first, last = div_ceil(req.cached_len, size), div_ceil(req.device_len, size)
             if last > first:
-                pages = torch.tensor(self._take(last - first), dtype=torch.int32)
-                slots = (pages[:, None] * size + torch.arange(size, dtype=torch.int32)).flatten()
+                slots = (self._take(last - first)[:, None] * size + offsets).flatten()
                 self.page_table[req.table_idx, first * size : last * size] = slots
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
@@ -75,24 +80,45 @@ class CacheManager:
             self.unlock(old)
             req.cache_handle = handle
 
-    def check_integrity(self) -> None:
-        """Every page is free or held by the prefix cache: call it when no request runs."""
-        self.prefix_cache.check_integrity()
-        cached = self.prefix_cache.size_info.total_size // self.page_size
-        if len(self.free_pages) + cached != self.num_pages or len(set(self.free_pages)) != len(
-                self.free_pages):
-            raise RuntimeError(f"pages lost: {len(self.free_pages)} free + {cached} cached "
-                               f"!= {self.num_pages}")
+    def check_integrity(self, exhaustive: bool = False) -> None:
+        """Every page is free or held by the prefix cache: call it when no request runs.
 
-    def _take(self, n: int) -> List[int]:
-        if n > len(self.free_pages):
-            evicted = self.prefix_cache.evict((n - len(self.free_pages)) * self.page_size)
+        The counts cost nothing, so the scheduler checks them whenever it falls idle;
+        ``exhaustive`` also checks that no page is free twice, at a cost that grows with the pool.
+        """
+        self.prefix_cache.check_integrity()
+        info = self.prefix_cache.size_info
+        cached = info.total_size // self.page_size
+        if info.protected_size != 0:
+            raise RuntimeError(f"{info.protected_size} cached tokens still locked, none running")
+        if self._num_free + cached != self.num_pages:
+            raise RuntimeError(f"pages lost: {self._num_free} free + {cached} cached "
+                               f"!= {self.num_pages}")
+        if exhaustive and self._free_page_list().unique().numel() != self._num_free:
+            raise RuntimeError("a page is free twice")
+
+    def _take(self, n: int) -> torch.Tensor:
+        """n free pages, evicting from the prefix cache first if too few are free: [n], int32."""
+        if n > self._num_free:
+            evicted = self.prefix_cache.evict((n - self._num_free) * self.page_size)  # tokens
             self._free(evicted)
-        if n > len(self.free_pages):
-            raise RuntimeError(f"out of KV pages: {n} needed, {len(self.free_pages)} free")
-        taken, self.free_pages = self.free_pages[:n], self.free_pages[n:]
-        return taken
+        if n > self._num_free:
+            raise RuntimeError(f"out of KV pages: {n} needed, {self._num_free} free")
+        pages = self._ring[self._ring_index(self._head, n)]
+        self._head = (self._head + n) % self.num_pages
+        self._num_free -= n
+        return pages
 
     def _free(self, slots: torch.Tensor) -> None:
         """Give back the pages of ``slots`` (whole pages: they start on a page boundary)."""
-        self.free_pages.extend((slots[:: self.page_size] // self.page_size).tolist())
+        pages = slots[:: self.page_size] // self.page_size
+        self._ring[self._ring_index(self._head + self._num_free, len(pages))] = pages.to(
+            self._ring.dtype)
+        self._num_free += len(pages)
+
+    def _ring_index(self, start: int, n: int) -> torch.Tensor:
+        """Positions start, start + 1, ..., start + n - 1 of the ring, wrapped around."""
+        return torch.arange(start, start + n, device=self._ring.device) % self.num_pages
+
+    def _free_page_list(self) -> torch.Tensor:
+        return self._ring[self._ring_index(self._head, self._num_free)]

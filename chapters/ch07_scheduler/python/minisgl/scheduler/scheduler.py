@@ -65,6 +65,7 @@ class Scheduler:
         finished: List[Req] = []
         while (out := self.step()) is not None:
             finished.extend(out.finished)
+        self.cache_manager.check_integrity()  # idle: every page is free or cached, none locked
         return finished
 
     def shutdown(self) -> None:
