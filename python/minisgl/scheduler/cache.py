@@ -99,11 +99,11 @@ class CacheManager:
 
     def _take(self, n: int) -> torch.Tensor:
         """n free pages, evicting from the prefix cache first if too few are free: [n], int32."""
+        if n > self.available_pages:
+            raise RuntimeError(f"out of KV pages: {n} needed, {self._num_free} free and "
+                               f"{self.available_pages - self._num_free} evictable")
         if n > self._num_free:
-            evicted = self.prefix_cache.evict((n - self._num_free) * self.page_size)  # tokens
-            self._free(evicted)
-        if n > self._num_free:
-            raise RuntimeError(f"out of KV pages: {n} needed, {self._num_free} free")
+            self._free(self.prefix_cache.evict((n - self._num_free) * self.page_size))  # tokens
         pages = self._ring[self._ring_index(self._head, n)]
         self._head = (self._head + n) % self.num_pages
         self._num_free -= n
