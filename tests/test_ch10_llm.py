@@ -4,10 +4,16 @@ LLM goes on serving."""
 
 from __future__ import annotations
 
+import json
+import shutil
+
+import numpy as np
 import pytest
+import torch
 from helpers import DENSE, build_llm, encode, greedy, hf_greedy
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
+from safetensors.torch import load_file, save_file
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
            "1 2 3 4 5 6 7 8 9 10.", "def add(a, b): return a + b", "A"]
@@ -67,10 +73,86 @@ def test_bad_requests_are_refused_and_the_llm_keeps_serving(tiny_models):
     llm.scheduler.cache_manager.check_integrity()
 
 
-def test_generation_stops_at_eos(tiny_models):
+def test_one_prompt_not_in_a_list_is_refused(tiny_models):
+    path = tiny_models["llama3"]
+    llm = build_llm(path)
+    for one in ["Hello world", encode(path, "Hello world")]:  # text, or token ids
+        with pytest.raises(TypeError, match="list of prompts"):
+            llm.generate(one, greedy(3))
+    assert llm.scheduler.idle
+    out = llm.generate(["Hello world"], greedy(3))  # the same prompt in a list is served
+    assert [o["token_ids"] for o in out] == hf_greedy(path, ["Hello world"], 3)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
     path = tiny_models["qwen2"]
     llm = build_llm(path)
-    ref = hf_greedy(path, PROMPTS[:1], 8)[0]
-    llm.scheduler.eos_token_id = ref[3]  # pretend the 4th token ends the sequence
-    out = llm.generate(PROMPTS[:1], SamplingParams(max_tokens=8))[0]
-    assert out["token_ids"] == ref[: ref.index(ref[3]) + 1]
+    vocab_size = llm.scheduler.engine.model_config.vocab_size
+    bad = [([5, vocab_size], r"input_ids\[1\] is 450"), ([-1], r"input_ids\[0\] is -1"),
+           ([True, 5], r"input_ids\[0\] is True"), ([5, 7.9], r"input_ids\[1\] is 7.9")]
+    for ids, message in bad:  # two good requests, then the bad one
+        with pytest.raises(ValueError, match=f"request 2: {message}"):
+            llm.generate(PROMPTS[:2] + [ids], greedy(3))
+    assert llm.scheduler.idle
+    ids = [0, 17, vocab_size - 1]  # numpy's and torch's integers are token ids too
+    out = llm.generate([ids, np.array(ids), torch.tensor(ids)], greedy(4))
+    assert [o["token_ids"] for o in out] == hf_greedy(path, [ids], 4) * 3
+    assert all(type(t) is int for o in out for t in o["prompt_token_ids"])
+
+
+# ---- EOS and special tokens, made to occur in every family -----------------------------------
+
+IM_END = 2  # "<|im_end|>": a special token, which no family emits for these prompts by itself
+
+
+def _copy_model(src, dst, emit_im_end_for: int | None = None, **generation_config):
+    """A copy of a tiny model, its generation_config.json updated with ``generation_config``.
+    ``emit_im_end_for``: <|im_end|> gets that token's output row, scaled up by 5%, so the copy
+    emits <|im_end|> where the original emits that token (a positive logit)."""
+    shutil.copytree(src, dst)
+    file = dst / "generation_config.json"
+    file.write_text(json.dumps({**json.loads(file.read_text()), **generation_config}))
+    if emit_im_end_for is not None:
+        weights = load_file(dst / "model.safetensors")
+        head = weights["lm_head.weight"]  # the untied families only
+        head[IM_END] = 1.05 * head[emit_im_end_for]
+        save_file(weights, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst
+
+
+@pytest.mark.parametrize("family", ["llama3", "qwen3", "mistral"])
+def test_special_tokens_are_left_out_of_the_text(tiny_models, tmp_path, family):
+    """Not only when a family happens to emit one: here every family emits <|im_end|> mid-way."""
+    original = tiny_models[family]
+    path = _copy_model(original, tmp_path / family,
+                       emit_im_end_for=hf_greedy(original, PROMPTS[:1], 4)[0][3])
+    ref = hf_greedy(path, PROMPTS[:1], 10)[0]
+    assert ref[3] == IM_END and ref.count(IM_END) == 1  # the copy emits it, once
+    llm = build_llm(path)
+    out = llm.generate(PROMPTS[:1], greedy(10))[0]
+    assert out["token_ids"] == ref
+    tok = llm.tokenizer
+    assert out["text"] == tok.decode(ref[:3]) + tok.decode(ref[4:])
+    assert "<|im_end|>" not in out["text"] and "<|im_end|>" in tok.decode(ref)
+
+
+def test_generation_config_eos_ends_requests_and_leaves_the_text(tiny_models, tmp_path):
+    """generation_config.json names two EOS ids: <|im_end|> (special) and an ordinary token.
+    Each ends a request; its token_ids keep the EOS, its text drops it; ignore_eos runs on."""
+    original = tiny_models["llama3"]
+    prompts = PROMPTS[:2]
+    ordinary = hf_greedy(original, prompts, 5)[1][4]  # request 1's 5th token
+    path = _copy_model(original, tmp_path / "llama3", eos_token_id=[IM_END, ordinary],
+                       emit_im_end_for=hf_greedy(original, prompts, 4)[0][3])
+    ref = hf_greedy(path, prompts, 10)
+    assert ref[0].index(IM_END) == 3 and ordinary not in ref[0][:3]
+    assert ref[1].index(ordinary) == 4 and IM_END not in ref[1][:4]
+    llm = build_llm(path)
+    stopped = llm.generate(prompts, SamplingParams(max_tokens=10))
+    ignoring = llm.generate(prompts[:1], greedy(10))[0]
+    assert [o["token_ids"] for o in stopped] == [ref[0][:4], ref[1][:5]]
+    tok = llm.tokenizer
+    assert [o["text"] for o in stopped] == [tok.decode(ref[0][:3]), tok.decode(ref[1][:4])]
+    assert tok.decode([ordinary]) and not stopped[1]["text"].endswith(tok.decode([ordinary]))
+    assert ignoring["token_ids"] == ref[0]
+    assert ignoring["text"] == tok.decode(ref[0][:3]) + tok.decode(ref[0][4:])

@@ -28,12 +28,14 @@ class LLM:
     def generate(self, prompts: Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams]
                  ) -> List[Dict[str, Any]]:
-        """One dict per prompt, in order: ``"text"`` (special tokens left out), ``"token_ids"``
-        (every generated token, the EOS that ended it too) and ``"prompt_token_ids"``.
+        """One dict per prompt, in order: ``"text"`` (without the EOS that ended it, and without
+        special tokens), ``"token_ids"`` (every generated token, the EOS that ended it too) and
+        ``"prompt_token_ids"``.
 
         A bad request raises a ValueError naming its field before any request runs."""
-        if isinstance(prompts, str):
-            raise TypeError("prompts must be a list of prompts, not one string")
+        if isinstance(prompts, str) or any(isinstance(p, int) for p in prompts):
+            raise TypeError("prompts must be a list of prompts (strings or lists of token ids), "
+                            "not one prompt")
         params = sampling_params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
@@ -47,6 +49,7 @@ class LLM:
                               self.scheduler.engine.model_config.vocab_size)
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from e
+        ids = [[int(t) for t in one_ids] for one_ids in ids]  # numpy's or torch's ints: int
         reqs = [self.scheduler.add_req(i, p) for i, p in zip(ids, params)]
         self.scheduler.run_until_idle()
         return [self._result(r) for r in reqs]
@@ -57,9 +60,13 @@ class LLM:
     def _encode(self, prompt: Prompt) -> List[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt) if prompt else []
-        return [int(t) for t in prompt]
+        return list(prompt)  # checked before int(): a float or a bool is refused, not cast
 
     def _result(self, req: Req) -> Dict[str, Any]:
-        text = self.tokenizer.decode(req.output_ids, skip_special_tokens=True)
+        ids = req.output_ids
+        ended_at_eos = (bool(ids) and not req.sampling_params.ignore_eos
+                        and ids[-1] in self.scheduler.eos_token_id)
+        # drop the EOS itself, even one that is not a special token; then any special token
+        text = self.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=True)
         return {"text": text, "token_ids": list(req.output_ids),
                 "prompt_token_ids": list(req.input_ids)}

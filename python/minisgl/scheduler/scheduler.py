@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine
 from minisgl.kvcache import create_prefix_cache
-from minisgl.utils.hf import read_hf_config
+from minisgl.utils.hf import read_generation_config, read_hf_config
 
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -36,7 +36,7 @@ class Scheduler:
         self.decode_manager = DecodeManager()
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager,
                                               self.decode_manager, config.page_size)
-        self.eos_token_id = _eos_token_id(config.model_path)
+        self.eos_token_id = _eos_token_ids(config.model_path)  # one id, or several
         self._next_uid = 0
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
@@ -97,6 +97,15 @@ class Scheduler:
         return finished
 
 
-def _eos_token_id(model_path: str) -> int | None:
-    eos = read_hf_config(model_path).get("eos_token_id")
-    return eos[0] if isinstance(eos, list) else eos
+def _eos_token_ids(model_path: str) -> Tuple[int, ...]:
+    """Every token id that ends a sequence: a model may name several (Llama 3 Instruct three,
+    Qwen3 two). generation_config.json's wins over config.json's, as in transformers 5, whose
+    ``from_pretrained`` takes generation_config.json when there is one and builds the generation
+    config from config.json only when there is none (where the file names no EOS, transformers
+    stops at none; we still take config.json's)."""
+    eos = read_generation_config(model_path).get("eos_token_id")
+    if eos is None:
+        eos = read_hf_config(model_path).get("eos_token_id")
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (eos,)

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field, replace
 from typing import List, Sequence
 
@@ -23,10 +24,22 @@ def check_request(input_ids: Sequence[int], params: SamplingParams, max_seq_len:
     if len(input_ids) >= max_seq_len:
         raise ValueError(f"the prompt has {len(input_ids)} tokens: the context holds "
                          f"max_seq_len={max_seq_len}, so a prompt has at most {max_seq_len - 1}")
-    if not all(0 <= t < vocab_size for t in input_ids):
-        raise ValueError(f"the prompt's input_ids must be token ids in [0, {vocab_size})")
+    for i, token in enumerate(input_ids):
+        if not _is_token_id(token, vocab_size):
+            raise ValueError(f"input_ids[{i}] is {token!r}: a token id is an int in "
+                             f"[0, vocab_size={vocab_size})")
     params.validate()
     return replace(params, max_tokens=min(params.max_tokens, max_seq_len - len(input_ids)))
+
+
+def _is_token_id(token: object, vocab_size: int) -> bool:
+    """An integer (numpy's and torch's too; not a bool, not a float) in [0, vocab_size)."""
+    if isinstance(token, bool):
+        return False  # True is an int to Python, but as a token id it is surely a mistake
+    try:
+        return 0 <= operator.index(token) < vocab_size
+    except TypeError:  # a float, a string ...: not truncated to an id by chance
+        return False
 
 
 @dataclass

@@ -26,6 +26,12 @@ def read_hf_config(path: str | Path) -> Dict[str, Any]:
     return json.loads((resolve_model_dir(path) / "config.json").read_text())
 
 
+def read_generation_config(path: str | Path) -> Dict[str, Any]:
+    """The dict of the directory's generation_config.json; empty if it has none."""
+    file = resolve_model_dir(path) / "generation_config.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
 def safetensors_files(path: str | Path) -> List[Path]:
     """The checkpoint's shards (``model-00001-of-00004.safetensors`` ...), in order."""
     files = sorted(resolve_model_dir(path).glob("*.safetensors"))

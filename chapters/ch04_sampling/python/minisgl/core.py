@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Iterator, List
+from typing import Any, Collection, Iterator, List
 
 
 @dataclass
@@ -50,12 +50,15 @@ class Req:
     def append(self, token_id: int) -> None:
         self.output_ids.append(token_id)
 
-    def is_finished(self, eos_token_id: int | None) -> bool:
-        """Out of tokens, or just produced EOS (unless the request ignores it)."""
+    def is_finished(self, eos_token_id: int | Collection[int] | None) -> bool:
+        """Out of tokens, or just produced EOS (unless the request ignores it). ``eos_token_id``
+        is one id or several (a model may name more than one), or None."""
         if len(self.output_ids) >= self.sampling_params.max_tokens:
             return True
-        ended = bool(self.output_ids) and self.output_ids[-1] == eos_token_id
-        return ended and not self.sampling_params.ignore_eos
+        if not self.output_ids or eos_token_id is None or self.sampling_params.ignore_eos:
+            return False
+        eos_ids = (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
+        return self.output_ids[-1] in eos_ids
 
 
 @dataclass
