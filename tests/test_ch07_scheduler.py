@@ -117,3 +117,80 @@ def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models):
     s.run_until_idle()
     assert [r.output_ids for r in good + [late]] == hf_greedy(path, PROMPTS[:4], 6)
     assert_all_returned(s)
+
+
+# ---- values read from the model's files ------------------------------------------------------
+
+
+def _model_with_eos(src, dst, config_eos, generation_eos):
+    """A copy of a tiny model whose config.json names ``config_eos`` and whose
+    generation_config.json names ``generation_eos`` (None: the copy has no such file)."""
+    import json
+    import shutil
+
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**config, "eos_token_id": config_eos}))
+    generation = dst / "generation_config.json"
+    if generation_eos is None:
+        generation.unlink()
+    else:
+        values = json.loads(generation.read_text())
+        generation.write_text(json.dumps({**values, "eos_token_id": generation_eos}))
+    return dst
+
+
+def _hf_generate_to_eos(path, prompts, n: int) -> list:
+    """transformers' greedy generate, one prompt at a time, with the EOS ids it reads itself."""
+    import torch
+    from helpers import hf_model
+
+    out = []
+    for prompt in prompts:
+        ids = torch.tensor([encode(path, prompt)])
+        new = hf_model(path).generate(ids, attention_mask=torch.ones_like(ids),
+                                      max_new_tokens=n, do_sample=False)
+        out.append(new[0, ids.shape[1]:].tolist())
+    return out
+
+
+@pytest.mark.parametrize("where", ["generation_config.json", "config.json"])
+def test_requests_stop_at_each_eos_id_the_model_files_name(tiny_models, tmp_path, where):
+    """Llama 3 Instruct names three EOS ids, Qwen3 two: a request stops at any of them, and
+    generation_config.json's ids win over config.json's, as in transformers' generate."""
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[4]]
+    ref = hf_greedy(tiny_models["llama3"], prompts, 10)
+    stops = [4, 5, 6]  # request i is to end with its stops[i]-th token
+    eos = [r[n - 1] for r, n in zip(ref, stops)]
+    assert not any(e in r[: n - 1] for r, n in zip(ref, stops) for e in eos)  # none earlier
+    overridden = ref[0][1]  # config.json's id, which would stop request 0 after 2 tokens
+    assert overridden not in eos
+    if where == "generation_config.json":
+        path = _model_with_eos(tiny_models["llama3"], tmp_path / "m", overridden, eos)
+    else:  # no generation_config.json: config.json's list
+        path = _model_with_eos(tiny_models["llama3"], tmp_path / "m", eos, None)
+    s = make(path)
+    reqs = [s.add_req(encode(path, p), SamplingParams(max_tokens=10)) for p in prompts]
+    ignoring = s.add_req(encode(path, prompts[0]), greedy(10))
+    s.run_until_idle()
+    expected = [r[:n] for r, n in zip(ref, stops)]
+    assert [r.output_ids for r in reqs] == expected
+    assert expected == _hf_generate_to_eos(path, prompts, 10)  # transformers agrees
+    assert ignoring.output_ids == ref[0]  # ignore_eos: past every one of them
+    assert_all_returned(s)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
+    path = tiny_models["qwen3"]
+    s = make(path)
+    vocab_size = s.engine.model_config.vocab_size
+    bad = [([5, vocab_size], r"input_ids\[1\] is 450"), ([-1, 5], r"input_ids\[0\] is -1"),
+           ([5, True], r"input_ids\[1\] is True"), ([5, 7.0], r"input_ids\[1\] is 7.0")]
+    for ids, message in bad:
+        with pytest.raises(ValueError, match=message):
+            s.add_req(ids, greedy(2))
+    assert s.idle  # nothing queued
+    edge = s.add_req([0, vocab_size - 1], greedy(3))  # the first and the last id are fine
+    s.run_until_idle()
+    assert edge.output_ids == hf_greedy(path, [[0, vocab_size - 1]], 3)[0]
+    assert_all_returned(s)
