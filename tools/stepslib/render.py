@@ -12,12 +12,17 @@ A directive is a line of its own in `chapters/<id>_<slug>/README.md`:
 
 `::` may stand for ` · `. Paths under the package's top folder (`minisgl/...`) are package
 files; other paths are files of the tree (`examples/...`, `tests/...`).
+
+A text shows its chapter's figures (`chapters/<id>_<slug>/figures/`, drawn by
+`tools/figures.py`) with ordinary links, `![...](figures/NAME.svg)`; `render` copies the folder
+beside the page, as `<id>_<slug>/figures/`, and points the links there.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -29,6 +34,8 @@ from .tree import listing, tree_at
 DIRECTIVE = re.compile(r"^@\[(\w+)\](?:\((.*)\))?\s*$")
 TEXT = "README.md"
 PRINTS = "main.out"
+FIGURES = "figures"
+FIGURE_LINK = re.compile(r"\]\(figures/")  # the target of a markdown link or image
 
 
 def directives(text: str) -> list[tuple[int, str, str]]:
@@ -128,7 +135,8 @@ def render_chapter(book: Book, chapter: Chapter) -> str:
 
 
 def render_book(book: Book, out: Path) -> list[Path]:
-    """Write one page per chapter and an index into `out`; returns the files written."""
+    """Write one page per chapter and an index into `out`, each chapter's figures beside its
+    page; returns the pages written."""
     pages = {f"{c.name}.md": render_chapter(book, c) for c in book.chapters}  # all or nothing
     out.mkdir(parents=True, exist_ok=True)
     index = [f"# {book.title}", ""]
@@ -140,6 +148,12 @@ def render_book(book: Book, out: Path) -> list[Path]:
         index.append(f"{chapter.number}. [{chapter.title}]({chapter.name}.md)")
     pages["index.md"] = "\n".join(index) + "\n"
     written = []
+    for chapter in book.chapters:
+        figures = book.root / chapter.folder / FIGURES
+        if figures.is_dir():  # beside the page, in a folder of the chapter's own
+            shutil.copytree(figures, out / chapter.name / FIGURES, dirs_exist_ok=True)
+            page = pages[f"{chapter.name}.md"]
+            pages[f"{chapter.name}.md"] = FIGURE_LINK.sub(f"]({chapter.name}/{FIGURES}/", page)
     for name, page in pages.items():
         (out / name).write_text(page, encoding="utf-8")
         written.append(out / name)

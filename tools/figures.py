@@ -1,0 +1,690 @@
+"""The chapters' figures, drawn from what minisgl's own code computes.
+
+    python tools/figures.py [chNN ...] [--png DIR]   # every chapter's figures by default
+
+Each function below runs minisgl, as it stands in ``python/``, on small inputs or on a tiny
+random-weight model from ``examples/tiny_models.py`` (mostly the scenario of the chapter's main),
+and draws what the code produced with matplotlib: no number in a figure is typed in by hand. It
+writes ``chapters/<id>_<slug>/figures/<name>.svg``, which the chapter's text shows with an
+ordinary image link. The SVGs are byte-for-byte reproducible (a fixed hash salt, no date, text
+kept as text in DejaVu Sans), so running the command again changes a file only when the code's
+results change. ``--png DIR`` also writes a PNG of each figure into DIR, to look at.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import os
+import runpy
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TREE = ROOT  # the chapter's own tree, written by `steps.py checkout`, while its figures are drawn
+
+plt.rcParams.update({
+    "svg.hashsalt": "minisgl-figures",  # fixed ids inside the SVG
+    "svg.fonttype": "none",  # text stays text: small files, searchable
+    "font.family": "DejaVu Sans",
+    "font.size": 11,
+    "axes.titlesize": 12,
+    "figure.titlesize": 14,
+    "figure.titleweight": "bold",
+})
+# one colour per request / rank / part, in this order
+COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
+          "#8C8C8C", "#CCB974", "#64B5CD"]
+GREY, LIGHT = "#B0B0B0", "#EEEEEE"
+
+FIGURES: dict[str, list[tuple[str, Callable[[], plt.Figure]]]] = {}
+
+
+def figure(chapter: str, name: str):
+    """Register a function that returns a matplotlib figure as ``chapter``'s ``name``.svg."""
+    def register(draw: Callable[[], plt.Figure]) -> Callable[[], plt.Figure]:
+        FIGURES.setdefault(chapter, []).append((name, draw))
+        return draw
+    return register
+
+
+def quietly(fn: Callable, *args, **kwargs):
+    """Call fn with its prints and the libraries' log lines swallowed."""
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return fn(*args, **kwargs)
+
+
+def tiny_model(family: str, tmp: str) -> str:
+    import tiny_models
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+    return str(tiny_models.make_tiny_model(family, f"{tmp}/{family}"))
+
+
+def box(ax: Axes, x: float, y: float, w: float, h: float, fill: str, text: str = "",
+        **text_args) -> None:
+    """A filled rectangle with centred text (y grows downwards in the diagrams)."""
+    ax.add_patch(Rectangle((x, y), w, h, facecolor=fill, edgecolor="white", linewidth=1.5))
+    if text:
+        ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", **text_args)
+
+
+def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], **style) -> None:
+    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14,
+                                 color=style.pop("color", "#444444"), linewidth=1.3, **style))
+
+
+def diagram(ax: Axes, width: float, height: float) -> None:
+    """Data coordinates (0, 0) top left to (width, height), no axes drawn."""
+    ax.set_xlim(0, width)
+    ax.set_ylim(height, 0)
+    ax.axis("off")
+
+
+# ---------------------------------------------------------------------------------------- ch01
+@figure("ch01", "tp_split")
+def tp_split() -> plt.Figure:
+    """The MLP's gate_up (column parallel) and down (row parallel) weights on two ranks, with
+    the local shapes minisgl's linear layers take when get_tp_info says size 2."""
+    import minisgl.layers.linear as linear
+    from minisgl.utils.misc import TPInfo
+
+    H, FFN, TP = 64, 128, 2  # the tiny models' hidden and intermediate sizes
+    real = linear.get_tp_info
+    linear.get_tp_info = lambda: TPInfo(rank=0, size=TP)  # what chapter 19 will return
+    try:
+        gate_up = linear.LinearColParallelMerged(H, [FFN, FFN])
+        down = linear.LinearRowParallel(FFN, H)
+    finally:
+        linear.get_tp_info = real
+    local_i = gate_up.output_sizes[0]  # each rank's slice of gate, and of up
+    down_in = down.weight.shape[1]  # each rank's slice of down's input features
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6), width_ratios=[1, 1.2],
+                                      layout="constrained")
+    fig.suptitle(f"Tensor parallelism over {TP} ranks: the MLP of a {H}-wide model")
+    W = 80  # drawn width of a weight (the H input columns)
+    diagram(left, 330, 2 * FFN + 40)
+    left.set_title(f"gate_up_proj, column parallel: full weight [{2 * FFN}, {H}]")
+    for part, name in enumerate(("gate", "up")):
+        for rank in range(TP):
+            y = part * FFN + rank * local_i
+            box(left, 0, y, W, local_i, COLORS[rank],
+                f"{name}\nrows {rank * local_i}–{(rank + 1) * local_i - 1}", color="white",
+                fontsize=10)
+    for rank in range(TP):
+        y0 = rank * (FFN + 20)
+        shape = list(gate_up.weight.shape)
+        box(left, 190, y0, W, local_i, COLORS[rank], "gate", color="white")
+        box(left, 190, y0 + local_i, W, local_i, COLORS[rank], "up", color="white")
+        left.text(190 + W + 8, y0 + local_i, f"rank {rank}\nholds\n{shape}", va="center")
+        for part in range(2):
+            src = part * FFN + rank * local_i + local_i / 2
+            arrow(left, (W + 4, src), (186, y0 + part * local_i + local_i / 2),
+                  color=COLORS[rank])
+    left.text(0, 2 * FFN + 30, "each rank: silu(gate) * up on its own slice, no communication",
+              fontsize=10)
+
+    diagram(right, 420, 2 * FFN + 40)
+    right.set_title(f"down_proj, row parallel: full weight [{H}, {FFN}]")
+    for rank in range(TP):
+        box(right, rank * 1.4 * down_in, 0, 1.4 * down_in, H, COLORS[rank],
+            f"rank {rank}\ncolumns\n{rank * down_in}–{(rank + 1) * down_in - 1}",
+            color="white", fontsize=10)
+    right.text(2.8 * down_in + 10, H / 2, f"each rank holds\n{list(down.weight.shape)}",
+               va="center")
+    for rank in range(TP):
+        y = 105 + rank * 40
+        right.text(0, y, f"rank {rank}:  h{rank} [T, {down_in}] @ W{rank}ᵀ  →  partial y{rank}",
+                   va="center", color=COLORS[rank])
+        arrow(right, (300, y), (328, 125))
+    right.text(332, 125, "all-reduce\ny = y0 + y1\n[T, {H}]".replace("{H}", str(H)),
+               va="center", fontweight="bold")
+    right.text(0, 215, "One all-reduce per MLP (and one per attention block, after o_proj):\n"
+               "the partial sums are added across the ranks (chapter 19).", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch02
+@figure("ch02", "rope")
+def rope() -> plt.Figure:
+    """Left: RotaryEmbedding turning one q pair per position. Right: rope_frequencies'
+    wavelengths for plain RoPE and Llama 3.1's scaling (its published rope settings)."""
+    import math
+
+    import torch
+    from minisgl.layers.rotary import RotaryEmbedding, rope_frequencies
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4), width_ratios=[1, 1.35],
+                                      layout="constrained")
+    fig.suptitle("Rotary position embeddings")
+    D, base, positions = 16, 10000.0, torch.arange(8)
+    rotary = RotaryEmbedding(D, max_position=8, base=base)
+    for pair in range(3):  # dim `pair` and dim `pair + D/2` turn together (neox layout)
+        q = torch.zeros(len(positions), 1, D)
+        q[:, 0, pair] = 1.0 - 0.25 * pair  # one radius per pair, so the spirals do not overlap
+        rotated, _ = rotary.forward(positions, q, q.clone())
+        x, y = rotated[:, 0, pair], rotated[:, 0, pair + D // 2]
+        left.plot(x, y, "o-", color=COLORS[pair], label=f"pair {pair}: dims ({pair}, "
+                  f"{pair + D // 2})")
+        left.annotate("pos 7", (x[-1], y[-1]), textcoords="offset points", xytext=(6, 4),
+                      fontsize=9, color=COLORS[pair])
+        circle = torch.linspace(0, 2 * math.pi, 100)
+        radius = float(x[0])
+        left.plot(radius * circle.cos(), radius * circle.sin(), color=LIGHT, zorder=0)
+    left.annotate("pos 0 (all pairs)", (1.0, 0.0), textcoords="offset points", xytext=(-40, 10),
+                  fontsize=9)
+    left.set_aspect("equal")
+    left.set_title(f"one q vector at positions 0–7\n(head_dim {D}, base {base:g})")
+    left.set_xlabel("dim i")
+    left.set_ylabel("dim i + D/2")
+    left.legend(loc="lower left", fontsize=9)
+    left.grid(alpha=0.3)
+
+    # Llama 3.1 8B's config.json: head_dim 128, rope_theta 500000, rope_scaling as below
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    old_len = scaling["original_max_position_embeddings"]
+    for label, rope_scaling, color in (("plain RoPE", None, GREY),
+                                       ("llama3 scaling", scaling, COLORS[0])):
+        inv_freq, _ = rope_frequencies(128, 500000.0, rope_scaling)
+        right.plot(2 * math.pi / inv_freq, ".-", color=color, label=label)
+    short, long = old_len / scaling["high_freq_factor"], old_len / scaling["low_freq_factor"]
+    right.axhspan(1, short, color=COLORS[2], alpha=0.08)
+    right.axhspan(short, long, color=COLORS[1], alpha=0.12)
+    right.axhspan(long, 1e7, color=COLORS[3], alpha=0.08)
+    right.text(30, 250, "wavelength < 8192 / 4: kept", color=COLORS[2])
+    right.text(1, 4000, "blended", color=COLORS[1])
+    right.text(1, 1e6, "wavelength > 8192: divided by factor 8", color=COLORS[3])
+    right.set_yscale("log")
+    right.set_ylim(3, 1e7)
+    right.set_xlabel("pair i (of head_dim / 2 = 64)")
+    right.set_ylabel("wavelength 2π / θ_i (positions per turn)")
+    right.set_title("rope_frequencies for Llama 3.1 8B\n(base 500000, original context 8192)")
+    right.legend(loc="lower right")
+    right.grid(alpha=0.3, which="major")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch03
+@figure("ch03", "merged_weights")
+def merged_weights() -> plt.Figure:
+    """Layer 0's merged tensors as load_weights yields them, each checkpoint part placed where
+    its rows really are in the merged tensor (found by comparing the values)."""
+    import torch
+    from minisgl.models import ModelConfig
+    from minisgl.models.weight import iter_checkpoint, load_weights
+    from minisgl.utils.hf import read_hf_config
+
+    def layer0(path: str) -> tuple[dict, dict]:
+        config = ModelConfig.from_dict(read_hf_config(path))
+        pre = "model.layers.0."
+        stored = {k[len(pre):]: v for k, v in iter_checkpoint(path) if k.startswith(pre)}
+        merged = {k[len(pre):]: v for k, v in load_weights(path, config) if k.startswith(pre)}
+        return stored, merged
+
+    def placed(stored: dict, tensor: torch.Tensor) -> list[tuple[int, int, str]]:
+        """(first row, rows, checkpoint name) for every stored tensor found in `tensor`."""
+        rows = tensor.reshape(-1, tensor.shape[-1])
+        found = []
+        for name, part in stored.items():
+            if part.dim() != 2 or part.shape[1] != rows.shape[1]:
+                continue
+            for start in range(0, rows.shape[0] - part.shape[0] + 1, part.shape[0]):
+                if torch.equal(rows[start:start + part.shape[0]], part):
+                    found.append((start, part.shape[0], name))
+        return sorted(found)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dense, moe = layer0(tiny_model("llama3", tmp)), layer0(tiny_model("qwen3moe", tmp))
+    bars = [("self_attn.qkv_proj.weight", dense), ("mlp.gate_up_proj.weight", dense),
+            ("mlp.experts.gate_up_proj", moe), ("mlp.experts.down_proj", moe)]
+    fig, axes = plt.subplots(len(bars), 1, figsize=(12, 6.4))
+    fig.suptitle("What load_weights merges (layer 0 of tiny llama3 and tiny qwen3moe)")
+    for ax, (name, (stored, merged)) in zip(axes, bars):
+        tensor = merged[name]
+        total = tensor.reshape(-1, tensor.shape[-1]).shape[0]
+        for start, n, part in placed(stored, tensor):
+            short = part.replace("self_attn.", "").replace("mlp.experts.", "").replace(
+                "mlp.", "").replace("_proj.weight", "").replace("_proj.bias", "")
+            kind = short.split(".")[-1]
+            color = COLORS[["q", "k", "v", "gate", "up", "down"].index(kind)]
+            ax.barh(0, n, left=start, color=color, edgecolor="white")
+            ax.text(start + n / 2, 0, short.replace(".", " "), ha="center", va="center",
+                    color="white", fontsize=10 if n >= 32 else 8)
+        ax.set_xlim(0, total)
+        ax.set_yticks([])
+        ax.set_title(f"{name}  {list(tensor.shape)}", loc="left", fontsize=11)
+        ax.spines[["top", "right", "left"]].set_visible(False)
+    axes[-1].set_xlabel("rows of the merged tensor (the expert dimension flattened)")
+    fig.tight_layout()
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch04
+@figure("ch04", "top_k_top_p")
+def top_k_top_p() -> plt.Figure:
+    """Tiny llama3's next-token distribution after the ch04 main's prompt, sorted, and the set
+    that top_k_top_p_filter keeps for the main's two sampled requests and a tighter top-p."""
+    import torch
+    from minisgl.engine.sample import top_k_top_p_filter
+    from minisgl.models import load_model, sequence_logits
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_model("llama3", tmp)
+        model, tok = load_model(path), AutoTokenizer.from_pretrained(path)
+        with torch.no_grad():
+            logits = sequence_logits(model, tok.encode("Once upon a time"))[-1]
+    settings = [(0.8, 20, 1.0), (1.0, -1, 0.9), (1.0, -1, 0.5)]
+    shown = 40
+    fig, axes = plt.subplots(len(settings), 1, figsize=(12, 7.5), sharex=True)
+    fig.suptitle("Top-k and top-p on tiny llama3's next token after 'Once upon a time'")
+    for ax, (temperature, k, p) in zip(axes, settings):
+        probs = torch.softmax(logits[None].float() / temperature, dim=-1)
+        kept = top_k_top_p_filter(probs, torch.tensor([k]), torch.tensor([p]))[0]
+        order = probs[0].argsort(descending=True)
+        sorted_probs, sorted_kept = probs[0][order], kept[order] > 0
+        colors = [COLORS[0] if keep else GREY for keep in sorted_kept[:shown]]
+        ax.bar(range(shown), sorted_probs[:shown], width=0.85, color=colors)
+        n_kept = int(sorted_kept.sum())
+        mass = float(sorted_probs[sorted_kept].sum())
+        what = f"top_k {k}" if k > 0 else f"top_p {p}"
+        ax.set_title(f"temperature {temperature}, {what}: keeps {n_kept} of {len(order)} "
+                     f"tokens, {mass:.0%} of the probability", loc="left")
+        ax.axvline(n_kept - 0.5, color=COLORS[3], linestyle="--")
+        ax.set_ylabel("probability")
+        mass_line = ax.twinx()  # where the running total crosses top_p
+        mass_line.step(range(shown), sorted_probs.cumsum(0)[:shown], where="mid",
+                       color="#333333", linewidth=1.2)
+        if p < 1.0:
+            mass_line.axhline(p, color="#333333", linestyle=":")
+            mass_line.text(shown - 0.5, p - 0.03, f"top_p {p}", ha="right", va="top")
+        mass_line.set_ylim(0, 1.05)
+        mass_line.set_ylabel("running total")
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1].set_xlabel(f"tokens by decreasing probability (the first {shown}); "
+                        "blue: kept, grey: zeroed before the draw; line: running total")
+    fig.tight_layout()
+    return fig
+
+
+# ------------------------------------------------------------------ running a chapter's main
+@dataclass
+class Step:
+    """What one Scheduler.step did, as a chapter's main ran it."""
+
+    phase: str
+    ran: dict[int, int]  # uid -> tokens run in this step's batch
+    sampled: list[int]  # uids that got a token
+    finished: list[int]
+    waiting: list[int]  # uids still waiting once the step was done
+    pages_used: int  # once the step's finished requests gave their pages back
+
+
+def run_main(main: str, steps: list[list[Step]] | None = None) -> dict:
+    """Run examples/<main> as it is, quietly; its globals. With ``steps``, every run of the
+    scheduler (from a step to the step that returns None) is recorded there."""
+    if steps is None:
+        return quietly(runpy.run_path, str(TREE / "examples" / main), run_name="__main__")
+    from minisgl.scheduler import Scheduler
+
+    real_add, real_step = Scheduler.add_req, Scheduler.step
+    reqs = []
+
+    def add_req(self, *args, **kwargs):
+        reqs.append(real_add(self, *args, **kwargs))
+        return reqs[-1]
+
+    def step(self):
+        before = {r.uid: len(r.output_ids) for r in reqs}
+        out = real_step(self)
+        if out is None:
+            steps.append([])
+            return out
+        sampled = [r.uid for r in reqs if len(r.output_ids) > before.get(r.uid, 0)]
+        used = self.engine.num_pages - self.cache_manager.num_free_pages
+        steps[-1].append(Step(out.phase, dict(zip(out.uids, out.extend_lens)), sampled,
+                              [r.uid for r in out.finished], [r.uid for r in self.waiting], used))
+        return out
+
+    steps.append([])
+    Scheduler.add_req, Scheduler.step = add_req, step
+    try:
+        return quietly(runpy.run_path, str(TREE / "examples" / main), run_name="__main__")
+    finally:
+        Scheduler.add_req, Scheduler.step = real_add, real_step
+
+
+# ---------------------------------------------------------------------------------------- ch05
+@figure("ch05", "page_table")
+def page_table() -> plt.Figure:
+    """The ch05 main's request at its end: each position's slot (its page-table row) and where
+    that slot sits in the pool of pages."""
+    main = run_main("ch05_kvcache.py")
+    size, num_pages, req = main["PAGE_SIZE"], main["NUM_PAGES"], main["req"]
+    slots = main["ctx"].page_table[req.table_idx, : req.cached_len].tolist()
+    prompt_len = len(req.input_ids)
+    total = num_pages * size
+    fig, ax = plt.subplots(figsize=(12, 4.6), layout="constrained")
+    diagram(ax, total + 1, 9.2)
+    fig.suptitle("The paged KV cache at the end of the chapter 5 main")
+    offset = (total - len(slots)) / 2  # the request's positions, centred above the pool
+    ax.text(offset - 0.3, 0.5, "position", ha="right", va="center")
+    ax.text(offset - 0.3, 1.5, "page table\nrow 0 (slot)", ha="right", va="center")
+    holder = {}  # physical page -> the request's page index (its positions // size)
+    for pos, slot in enumerate(slots):
+        color = COLORS[pos // size]  # one colour per page of the request
+        holder[slot // size] = pos // size
+        box(ax, offset + pos, 0, 1, 1, color, str(pos), color="white")
+        box(ax, offset + pos, 1, 1, 1, LIGHT, str(slot), fontsize=9)
+        if pos % size == 0:
+            arrow(ax, (offset + pos + size / 2, 2.1), (slot + size / 2, 5.9), color=color)
+    ax.text(offset, -0.4, f"prompt: positions 0–{prompt_len - 1}, then one decoded token a "
+            f"step, up to {len(slots) - 1}", fontsize=10)
+    used = {slot: pos for pos, slot in enumerate(slots)}
+    ax.text(-0.2, 5.9, "KV pool", ha="left", va="bottom", fontweight="bold")
+    for page in range(num_pages):
+        held = page in holder
+        color = COLORS[holder[page]] if held else GREY
+        ax.text(page * size + size / 2, 7.9, f"page {page}" + ("" if held else " (free)"),
+                ha="center", va="top", fontsize=10)
+        for slot in range(page * size, (page + 1) * size):
+            box(ax, slot, 6, 1, 1, color if slot in used else LIGHT,
+                f"p{used[slot]}" if slot in used else "", color="white", fontsize=8)
+            ax.text(slot + 0.5, 7.3, str(slot), ha="center", va="center", fontsize=7,
+                    color="#666666")
+    ax.text(total / 2, 8.8, f"slot = page × {size} + offset; the pages came from a shuffled "
+            "free list, so they are not next to each other", ha="center", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch06
+@figure("ch06", "batch_layout")
+def batch_layout() -> plt.Figure:
+    """The first two batches Engine.prepare_batch laid out in the ch06 main: each request's
+    new tokens one after another, with their positions and KV slots (out_loc)."""
+    from minisgl.engine.engine import Engine
+
+    batches = []
+    real = Engine.prepare_batch
+
+    def prepare_batch(self, batch):
+        real(self, batch)
+        ends = torch.tensor([r.extend_len for r in batch.reqs]).cumsum(0).tolist()
+        batches.append((batch.phase, [r.uid for r in batch.reqs for _ in range(r.extend_len)],
+                        batch.input_ids.tolist(), batch.positions.tolist(),
+                        batch.out_loc.tolist(), [e - 1 for e in ends]))
+
+    import torch
+
+    Engine.prepare_batch = prepare_batch
+    try:
+        run_main("ch06_engine.py")
+    finally:
+        Engine.prepare_batch = real
+    shown = batches[:2]
+    width = max(len(b[1]) for b in shown)
+    fig, ax = plt.subplots(figsize=(12, 5.2), layout="constrained")
+    diagram(ax, width + 3, 10.5)
+    fig.suptitle("One batch, one flat row of tokens: the chapter 6 main's first two forwards")
+    for number, (phase, uids, ids, positions, out_loc, last) in enumerate(shown):
+        top = number * 5.5
+        ax.text(0, top + 0.3, f"step {number}: {phase}, T = {len(uids)} tokens", va="center",
+                fontweight="bold")
+        for row, (label, values) in enumerate((("input_ids", ids), ("positions", positions),
+                                               ("out_loc", out_loc))):
+            y = top + 1 + row
+            ax.text(2.9, y + 0.5, label, ha="right", va="center")
+            for i, (uid, value) in enumerate(zip(uids, values)):
+                box(ax, 3 + i, y, 1, 1, COLORS[uid] if row else LIGHT, str(value),
+                    color="white" if row else "black", fontsize=8)
+        for i in last:
+            ax.text(3 + i + 0.5, top + 4.3, "▲", ha="center", color=COLORS[uids[i]])
+        ax.text(2.9, top + 4.4, "sampled", ha="right", va="center", fontsize=10)
+    for uid in sorted(set(shown[0][1])):
+        box(ax, 3 + 5 * uid, 10.8 - 0.6, 0.8, 0.6, COLORS[uid])
+        ax.text(3.9 + 5 * uid, 10.5, f"request {uid}", va="center", fontsize=10)
+    return fig
+
+
+# ------------------------------------------------------------------------------- ch07 / ch10
+PHASE_COLORS = {"prefill": COLORS[0], "decode": COLORS[2]}
+
+
+def timeline(ax: Axes, steps: list[Step]) -> None:
+    """Requests down, steps across: P prefill (n tokens run), D decode, * the last token,
+    w waiting, . running but not in this step's batch."""
+    uids = sorted({u for s in steps for u in [*s.ran, *s.waiting]})
+    done: set[int] = set()
+    started: set[int] = set()
+    for x, step in enumerate(steps):
+        for row, uid in enumerate(uids):
+            if uid in step.ran:
+                letter = "P" if step.phase == "prefill" else "D"
+                if step.phase == "prefill" and len({*step.ran, *step.waiting}) > 0:
+                    letter = f"P{step.ran[uid]}"
+                letter += "*" if uid in step.finished else ""
+                box(ax, x, row, 1, 1, PHASE_COLORS[step.phase], letter, color="white",
+                    fontsize=9)
+                started.add(uid)
+            elif uid in step.waiting:
+                box(ax, x, row, 1, 1, LIGHT, "w", color="#666666", fontsize=9)
+            elif uid in started and uid not in done:
+                box(ax, x, row, 1, 1, "#F8F8F8", "·", color="#666666")
+        done.update(step.finished)
+    ax.set_xlim(0, len(steps))
+    ax.set_ylim(len(uids), 0)
+    ax.set_xticks([x + 0.5 for x in range(len(steps))], range(len(steps)))
+    ax.set_yticks([r + 0.5 for r in range(len(uids))], [f"request {u}" for u in uids])
+    ax.tick_params(length=0)
+    ax.spines[:].set_visible(False)
+
+
+@figure("ch07", "schedule")
+def schedule() -> plt.Figure:
+    """The ch07 main's run: which request each step ran, and the pages in use after it."""
+    steps: list[list[Step]] = []
+    main = run_main("ch07_scheduler.py", steps)
+    run, num_pages = steps[0], main["config"].num_pages
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 6.4), height_ratios=[2.2, 1],
+                                      sharex=True, layout="constrained")
+    fig.suptitle("Continuous batching in the chapter 7 main: 6 requests, 3 rows, "
+                 f"{num_pages} pages")
+    timeline(top, run)
+    top.set_title("P prefill (tokens run), D decode, * last token, w waiting, · running but "
+                  "not in the batch", loc="left", fontsize=10)
+    colors = [PHASE_COLORS[s.phase] for s in run]
+    bottom.bar([x + 0.5 for x in range(len(run))], [s.pages_used for s in run], width=0.7,
+               color=colors)
+    bottom.axhline(num_pages, color=COLORS[3], linestyle="--")
+    bottom.text(0.05, num_pages, f"the pool: {num_pages} pages", va="bottom", color=COLORS[3])
+    bottom.set_ylim(0, num_pages + 3)
+    bottom.set_ylabel("pages used\nafter the step")
+    bottom.set_xlabel("step")
+    bottom.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch08
+def draw_tree(ax: Axes, cache, decode: Callable[[list[int]], str], title: str) -> None:
+    """The radix tree left to right, one box per node: its tokens, slots and references."""
+    rows: list[tuple[int, object]] = []  # (depth, node) in drawing order
+
+    def walk(node, depth: int) -> None:
+        for child in node.children.values():
+            rows.append((depth, child))
+            walk(child, depth + 1)
+
+    walk(cache.root, 0)
+    where = {}
+    ax.text(0, 0.5, "root", va="center", fontweight="bold")
+    for row, (depth, node) in enumerate(rows, 1):
+        x, y = 0.6 + depth * 4.2, row
+        slots = node.value.tolist()
+        text = f"{decode(node.key)!r}\nslots {slots[0]}–{slots[-1]}, ref {node.ref_count}"
+        color = COLORS[3] if node.ref_count else COLORS[0]
+        ax.text(x, y + 0.45, text, va="center", fontsize=9, color="white",
+                bbox=dict(boxstyle="round", facecolor=color, edgecolor="none"))
+        parent = where.get(id(node.parent), (0.2, 0.75))
+        ax.plot([parent[0], parent[0], x - 0.1], [parent[1], y + 0.45, y + 0.45],
+                color="#666666", linewidth=1)
+        where[id(node)] = (x + 0.3, y + 0.85)
+    ax.set_xlim(0, 12)
+    ax.set_ylim(max(len(rows), 3) + 0.6, 0)
+    ax.axis("off")
+    ax.set_title(title, loc="left", fontsize=11)
+
+
+@figure("ch08", "radix_split")
+def radix_split() -> plt.Figure:
+    """The ch08 main's tree, rebuilt with RadixPrefixCache: one sentence, then the match that
+    splits its edge, then the second sentence inserted below the split."""
+    import copy
+
+    import torch
+    from minisgl.kvcache.radix_cache import RadixPrefixCache
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tok = AutoTokenizer.from_pretrained(tiny_model("llama3", tmp))
+    cache = RadixPrefixCache(page_size=1)
+    fox = tok.encode("The quick brown fox jumps over the lazy dog.")
+    cat = tok.encode("The quick brown cat sleeps.")
+    cache.insert_prefix(fox, torch.arange(len(fox), dtype=torch.int32))
+    states = [("1. insert 'The quick brown fox jumps\nover the lazy dog.': one edge",
+               copy.deepcopy(cache))]
+    hit = cache.match_prefix(cat)
+    states.append((f"2. match 'The quick brown cat sleeps.':\n{hit.cached_len} tokens hit, "
+                   "the edge splits there", copy.deepcopy(cache)))
+    cache.insert_prefix(cat, torch.arange(len(fox), len(fox) + len(cat), dtype=torch.int32))
+    states.append(("3. insert it: the tokens not cached yet\nbecome a second child", cache))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
+    fig.suptitle("The radix tree before and after a split (page size 1; ref: the locks held)")
+    for ax, (title, state) in zip(axes, states):
+        draw_tree(ax, state, tok.decode, title)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch09
+@figure("ch09", "chunks")
+def chunks() -> plt.Figure:
+    """The ch09 main's first run: the prompt tokens each request ran in each step, under the
+    budget of 8 a prefill."""
+    steps: list[list[Step]] = []
+    main = run_main("ch09_chunked.py", steps)
+    run = steps[0]
+    budget = 8  # the main's max_extend_tokens for its first run
+    prompts = [len(p) for p in main["prompts"]]
+    fig, ax = plt.subplots(figsize=(12, 4.8), layout="constrained")
+    fig.suptitle(f"Chunked prefill in the chapter 9 main: prompts of {prompts} tokens, "
+                 f"a budget of {budget} a prefill")
+    for x, step in enumerate(run):
+        bottom = 0
+        for uid, n in step.ran.items():
+            ax.bar(x, n, bottom=bottom, color=COLORS[uid], edgecolor="white",
+                   hatch="" if step.phase == "prefill" else "//")
+            ax.text(x, bottom + n / 2, f"{n}", ha="center", va="center", color="white")
+            bottom += n
+        for i, uid in enumerate(step.sampled):
+            ax.text(x, bottom + 0.3 + 0.6 * i, f"token → {uid}", ha="center", fontsize=8,
+                    color=COLORS[uid])
+    ax.axhline(budget, color=COLORS[3], linestyle="--")
+    ax.text(len(run) - 0.5, budget + 0.1, f"budget {budget}", ha="right", va="bottom",
+            color=COLORS[3])
+    ax.set_xticks(range(len(run)), [f"{x}\n{s.phase}" for x, s in enumerate(run)])
+    ax.set_ylabel("tokens run in the step")
+    ax.set_ylim(0, budget + 3)
+    handles = [Rectangle((0, 0), 1, 1, color=COLORS[u]) for u in range(len(prompts))]
+    ax.legend(handles, [f"request {u} ({n} prompt tokens)" for u, n in enumerate(prompts)],
+              loc="upper right")
+    ax.spines[["top", "right"]].set_visible(False)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- ch10
+@figure("ch10", "lifetimes")
+def lifetimes() -> plt.Figure:
+    """The steps of the ch10 main's first LLM.generate call, as the scheduler reported them."""
+    steps: list[list[Step]] = []
+    main = run_main("ch10_llm.py", steps)
+    run = steps[0]
+    config = main["llm"].scheduler.config
+    fig, ax = plt.subplots(figsize=(12, 3.6), layout="constrained")
+    fig.suptitle(f"One LLM.generate call in the chapter 10 main: {len(main['PROMPTS'])} "
+                 f"prompts, budget {config.max_extend_tokens} prompt tokens a prefill")
+    timeline(ax, run)
+    ax.set_title("P n: a prefill of n prompt tokens, D decode, * last token, w waiting "
+                 "(admitted or not)", loc="left", fontsize=10)
+    ax.set_xlabel("step")
+    return fig
+
+
+def draw_in_tree(chapter: str, tree: Path, png: Path | None) -> list[Path]:
+    """Draw one chapter's figures with the code of its tree; the files written."""
+    global TREE
+    TREE = tree
+    sys.path[:0] = [str(tree / "python"), str(tree / "examples")]
+    import torch
+
+    torch.set_num_threads(1)
+    folder = next(p for p in (ROOT / "chapters").iterdir() if p.name.startswith(chapter + "_"))
+    written = []
+    for name, draw in FIGURES[chapter]:
+        fig = quietly(draw)
+        out = folder / "figures" / f"{name}.svg"
+        out.parent.mkdir(exist_ok=True)
+        fig.savefig(out, format="svg", metadata={"Date": None})
+        if png is not None:
+            png.mkdir(parents=True, exist_ok=True)
+            fig.savefig(png / f"{chapter}_{name}.png", dpi=80)
+        plt.close(fig)
+        written.append(out)
+    return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("chapters", nargs="*", help="chapter ids, e.g. ch05 (default: all)")
+    parser.add_argument("--png", type=Path, help="also write a PNG of each figure here")
+    parser.add_argument("--tree", type=Path, help=argparse.SUPPRESS)  # one chapter, in its tree
+    args = parser.parse_args()
+    unknown = sorted(set(args.chapters) - set(FIGURES))
+    if unknown:
+        parser.error(f"no figures for {', '.join(unknown)}; known: {', '.join(FIGURES)}")
+    png = args.png.resolve() if args.png else None
+    if args.tree:
+        for path in draw_in_tree(args.chapters[0], args.tree, png):
+            print(f"wrote {path.relative_to(ROOT)} ({path.stat().st_size // 1024} KiB)")
+        return
+    sys.path.insert(0, str(ROOT / "tools"))
+    from stepslib.book import load_book
+    from stepslib.tree import tree_at, write_tree
+
+    book = load_book(ROOT)
+    for chapter in args.chapters or list(FIGURES):
+        # a fresh process on the chapter's tree: the figure shows the code the text shows
+        with tempfile.TemporaryDirectory() as tmp:
+            write_tree(tree_at(book, book.chapter(int(chapter[2:]))), Path(tmp))
+            command = [sys.executable, __file__, chapter, "--tree", tmp]
+            command += ["--png", str(png)] if png else []
+            env = {**os.environ, "PYTHONHASHSEED": "0"}
+            if subprocess.run(command, env=env).returncode != 0:
+                sys.exit(f"the figures of {chapter} failed on its tree (above)")
+
+
+if __name__ == "__main__":
+    main()
