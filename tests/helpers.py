@@ -110,3 +110,15 @@ def greedy(n: int) -> Any:
     from minisgl.core import SamplingParams
 
     return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def assert_pages_all_back(s: Any) -> None:
+    """A scheduler that has run dry gave everything back: every row, no cached token still
+    locked, and every page of the pool free or held by the prefix cache (none lost, none twice)."""
+    pool = s.cache_manager
+    pool.check_integrity(exhaustive=True)
+    info = pool.prefix_cache.size_info
+    assert info.protected_size == 0, f"{info.protected_size} cached tokens still locked"
+    assert info.total_size % pool.page_size == 0  # the cache keeps whole pages
+    assert pool.num_free_pages + info.total_size // pool.page_size == pool.num_pages
+    assert s.table_manager.available_size == s.config.max_running_req and s.idle
