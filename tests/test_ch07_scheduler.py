@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import DENSE, encode, hf_greedy
-from minisgl.core import SamplingParams
+from minisgl.core import Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
@@ -117,6 +117,58 @@ def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models):
     s.run_until_idle()
     assert [r.output_ids for r in good + [late]] == hf_greedy(path, PROMPTS[:4], 6)
     assert_all_returned(s)
+
+
+def _run_alone(cache, req, row: int) -> list:
+    """A request's pages, taken for its whole prompt and given back when it finishes: the
+    cache manager's side of one request's life, with no model."""
+    req.table_idx, req.cache_handle = row, cache.match_req(req)
+    cache.lock(req.cache_handle)
+    cache.allocate([req])
+    req.complete_forward()
+    pages = cache.page_table[row, : req.cached_len : cache.page_size] // cache.page_size
+    return pages.tolist()
+
+
+def _cache_manager(num_pages: int, page_size: int, rows: int = 4):
+    import torch
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+
+    table = torch.zeros(rows, 64, dtype=torch.int32)
+    return CacheManager(num_pages, page_size, table, create_prefix_cache("naive", page_size))
+
+
+@pytest.mark.parametrize("num_pages", [7, 10**8])
+def test_free_pages_come_back_in_order_however_big_the_pool(num_pages):
+    """Pages leave the free queue at its head and come back at its tail (first in, first out),
+    around the ring again and again; at 10^8 pages as at 7, none lost, none given twice."""
+    from collections import deque
+
+    cache = _cache_manager(num_pages, page_size=4)
+    model = deque(range(min(num_pages, 40)))  # the literal queue (its first 40 pages suffice)
+    lengths = [9, 4, 1, 12, 5, 8, 3, 16, 2, 7, 11, 6]  # tokens: 3, 1, 1, 3, 2, 2, 1, 4, ... pages
+    live = []
+    for i, n in enumerate(lengths):
+        req = Req(i, list(range(n)), SamplingParams(max_tokens=1))
+        pages = _run_alone(cache, req, row=i % 4)
+        assert pages == [model.popleft() for _ in range(len(pages))]
+        live.append((req, pages))
+        if len(live) == 2:  # the older one finishes; its pages go to the tail of the queue
+            done, done_pages = live.pop(0)
+            cache.cache_req(done, finished=True)
+            model.extend(done_pages)
+    for req, pages in live:
+        cache.cache_req(req, finished=True)
+    assert cache.num_free_pages == num_pages
+    cache.check_integrity(exhaustive=num_pages < 1000)
+
+
+def test_a_pool_runs_dry_with_a_clear_error():
+    cache = _cache_manager(num_pages=3, page_size=2)
+    _run_alone(cache, Req(0, list(range(5)), SamplingParams(max_tokens=1)), row=0)
+    with pytest.raises(RuntimeError, match="out of KV pages: 2 needed, 0 free and 0 evictable"):
+        _run_alone(cache, Req(1, list(range(3)), SamplingParams(max_tokens=1)), row=1)
 
 
 # ---- values read from the model's files ------------------------------------------------------
