@@ -102,7 +102,8 @@ def tp_split() -> plt.Figure:
     import minisgl.layers.linear as linear
     from minisgl.utils.misc import TPInfo
 
-    H, FFN, TP = 64, 128, 2  # the tiny models' hidden and intermediate sizes
+    main = run_main("ch01_layers.py")
+    H, FFN, TP = main["H"], main["FFN"], 2  # the main's hidden and intermediate sizes
     real = linear.get_tp_info
     linear.get_tp_info = lambda: TPInfo(rank=0, size=TP)  # what chapter 19 will return
     try:
@@ -219,6 +220,98 @@ def rope() -> plt.Figure:
     return fig
 
 
+@figure("ch02", "decoder_flow")
+def decoder_flow() -> plt.Figure:
+    """The ops tiny llama3's forward really calls, in order (traced), and the residual stream:
+    each RMSNormFused call after the first adds the stream in before it normalizes."""
+    import json
+    import re
+
+    import torch
+    from minisgl.layers.base import BaseOP
+    from minisgl.models import ModelConfig, create_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = json.loads((Path(tiny_model("llama3", tmp)) / "config.json").read_text())
+    model = create_model(ModelConfig.from_dict(config))  # the weights do not matter here
+    names: dict[int, str] = {}  # id(op) -> its name, for the ops drawn
+
+    def find(obj: BaseOP, prefix: str) -> None:
+        for key, value in vars(obj).items():
+            for i, op in enumerate(value if isinstance(value, list) else [value]):
+                if isinstance(op, BaseOP) and not key.startswith("_"):
+                    name = prefix + key + (f".{i}" if isinstance(value, list) else "")
+                    if re.fullmatch(r"(model\.)?(layers\.\d+\.\w+|\w+)", name):
+                        names[id(op)] = name.removeprefix("model.")
+                    find(op, name + ".")
+
+    find(model, "")
+    calls: list[tuple[str, bool, list[int]]] = []  # (op, residual given, output shape)
+    patched = {type(op) for op in (o for o in _all_ops(model) if id(o) in names)}
+    real = {cls: cls.forward for cls in patched}
+
+    def traced(cls):
+        def forward(self, *args):
+            out = real[cls](self, *args)
+            if id(self) in names and names[id(self)] != "layers":
+                residual = len(args) > 1 and isinstance(args[1], torch.Tensor)
+                first = out[0] if isinstance(out, tuple) else out
+                calls.append((names[id(self)], residual, list(first.shape)))
+            return out
+        return forward
+
+    for cls in patched:
+        cls.forward = traced(cls)
+    try:
+        with torch.no_grad():
+            model.forward(torch.arange(5), torch.arange(5))
+    finally:
+        for cls, forward in real.items():
+            cls.forward = forward
+    calls = [c for c in calls if not re.fullmatch(r"model|layers\.\d+", c[0])]
+    short = {"embed_tokens": "embed", "input_layernorm": "input\nnorm",
+             "post_attention_layernorm": "post-attn\nnorm", "self_attn": "attention",
+             "lm_head": "LM head"}
+    fig, ax = plt.subplots(figsize=(13, 4.2), layout="constrained")
+    diagram(ax, len(calls) * 1.2, 4.4)
+    fig.suptitle("The decoder's data flow, traced from tiny llama3's forward (T = 5 tokens)")
+    ax.text(0, 3.75, "residual stream", color=COLORS[3], fontweight="bold", va="center")
+    norms = [i for i, c in enumerate(calls) if "norm" in c[0]]
+    ax.plot([norms[0] * 1.2 + 0.55, norms[-1] * 1.2 + 0.55], [3.2, 3.2],
+            color=COLORS[3], linewidth=2)
+    for i, (name, residual, shape) in enumerate(calls):
+        x = i * 1.2
+        layer, _, op = name.rpartition(".")
+        color = COLORS[1] if "norm" in op else COLORS[0]
+        box(ax, x, 0.6, 1.1, 1.3, color, f"{layer.replace('layers.', 'layer ')}\n"
+            f"{short.get(op, op)}\n{shape}", color="white", fontsize=9)
+        if i:
+            arrow(ax, (x - 0.1, 1.25), (x + 0.02, 1.25))
+        if "norm" in op:
+            ax.text(x + 0.55, 3.2, "+" if residual else "=", ha="center", va="center",
+                    fontsize=12, color="white", fontweight="bold",
+                    bbox=dict(boxstyle="circle", facecolor=COLORS[3], edgecolor="none"))
+            arrow(ax, (x + 0.55, 2.95), (x + 0.55, 1.95), color=COLORS[3])
+            ax.text(x + 0.62, 2.45, "x + residual" if residual else "residual = x",
+                    fontsize=8, color=COLORS[3])
+    ax.text(0, 0.25, "blue: ops that compute x; orange: RMSNormFused, which adds x to the "
+            "stream, keeps the sum as the new residual and normalizes it", fontsize=10)
+    return fig
+
+
+def _all_ops(obj, seen=None):
+    """Every BaseOP reachable from obj's attributes (lists included)."""
+    from minisgl.layers.base import BaseOP
+
+    seen = set() if seen is None else seen
+    for value in vars(obj).values():
+        for op in value if isinstance(value, list) else [value]:
+            if isinstance(op, BaseOP) and id(op) not in seen:
+                seen.add(id(op))
+                yield op
+                yield from _all_ops(op, seen)
+
+
 # ---------------------------------------------------------------------------------------- ch03
 @figure("ch03", "merged_weights")
 def merged_weights() -> plt.Figure:
@@ -333,6 +426,7 @@ class Step:
     finished: list[int]
     waiting: list[int]  # uids still waiting once the step was done
     pages_used: int  # once the step's finished requests gave their pages back
+    budget: int  # the prompt tokens a prefill may run (max_extend_tokens)
 
 
 def run_main(main: str, steps: list[list[Step]] | None = None) -> dict:
@@ -358,7 +452,8 @@ def run_main(main: str, steps: list[list[Step]] | None = None) -> dict:
         sampled = [r.uid for r in reqs if len(r.output_ids) > before.get(r.uid, 0)]
         used = self.engine.num_pages - self.cache_manager.num_free_pages
         steps[-1].append(Step(out.phase, dict(zip(out.uids, out.extend_lens)), sampled,
-                              [r.uid for r in out.finished], [r.uid for r in self.waiting], used))
+                              [r.uid for r in out.finished], [r.uid for r in self.waiting], used,
+                              self.config.max_extend_tokens))
         return out
 
     steps.append([])
@@ -417,6 +512,7 @@ def page_table() -> plt.Figure:
 def batch_layout() -> plt.Figure:
     """The first two batches Engine.prepare_batch laid out in the ch06 main: each request's
     new tokens one after another, with their positions and KV slots (out_loc)."""
+    import torch
     from minisgl.engine.engine import Engine
 
     batches = []
@@ -428,8 +524,6 @@ def batch_layout() -> plt.Figure:
         batches.append((batch.phase, [r.uid for r in batch.reqs for _ in range(r.extend_len)],
                         batch.input_ids.tolist(), batch.positions.tolist(),
                         batch.out_loc.tolist(), [e - 1 for e in ends]))
-
-    import torch
 
     Engine.prepare_batch = prepare_batch
     try:
@@ -582,12 +676,12 @@ def radix_split() -> plt.Figure:
 # ---------------------------------------------------------------------------------------- ch09
 @figure("ch09", "chunks")
 def chunks() -> plt.Figure:
-    """The ch09 main's first run: the prompt tokens each request ran in each step, under the
-    budget of 8 a prefill."""
+    """The ch09 main's first run: the prompt tokens each request ran in each step, under its
+    budget a prefill."""
     steps: list[list[Step]] = []
     main = run_main("ch09_chunked.py", steps)
     run = steps[0]
-    budget = 8  # the main's max_extend_tokens for its first run
+    budget = run[0].budget
     prompts = [len(p) for p in main["prompts"]]
     fig, ax = plt.subplots(figsize=(12, 4.8), layout="constrained")
     fig.suptitle(f"Chunked prefill in the chapter 9 main: prompts of {prompts} tokens, "
