@@ -164,6 +164,54 @@ def test_rows_of_one_batch_keep_their_own_settings():
                         1 / (1 + math.exp(-0.5)), abs_tol=0.02)
 
 
+# ---- at the scale of a real vocabulary ------------------------------------------------------
+
+QWEN_VOCAB = 151_936  # Qwen2's and Qwen3's vocabulary
+
+
+def real_scale_logits(scale: float, multiplier: int = 7919) -> torch.Tensor:
+    """[151936] float32 logits, all different, spread evenly over [0, scale): a permutation of
+    0 .. V-1 (the multiplier is prime to V), scaled. Integer arithmetic and one multiply, so
+    every platform computes the same values (torch.randn may not, across CPU kernels)."""
+    ids = torch.arange(QWEN_VOCAB)
+    return ((ids * multiplier) % QWEN_VOCAB).float() * (scale / QWEN_VOCAB)
+
+
+@pytest.mark.parametrize("top_k", [-1, QWEN_VOCAB])
+@pytest.mark.parametrize("scale", [1.0, 19.0])  # nearly flat (max/min = e); peaked (e^19)
+def test_top_p_one_keeps_every_token_of_a_real_vocabulary(scale, top_k):
+    """In float32 the probabilities of 151,936 tokens do not sum to exactly 1: with the peaked
+    row the running sum passes 1.0 long before the end (57,347 tokens before it, with torch
+    2.13), so a filter that applied "mass before < p" to p = 1.0 too would drop them all."""
+    probs = torch.softmax(real_scale_logits(scale), -1).expand(2, -1)
+    assert probs.dtype == torch.float32 and (probs > 0).all()
+    out = top_k_top_p_filter(probs, torch.tensor([top_k, top_k]), torch.tensor([1.0, 1.0]))
+    assert torch.equal(out, probs)
+
+
+def test_seeded_draws_equal_the_recorded_tokens():
+    """Not only "the same seed, the same tokens": these tokens, drawn once by this code from a
+    real-size vocabulary and checked plausible below. A sampler that draws from a different
+    distribution, or takes its random numbers differently, gives others. (torch's CPU generator
+    and its exponential draws, on which multinomial rests, do not depend on the thread count.)"""
+    multipliers = [7919, 104729, 1299709, 15485863]  # four different rows
+    logits = torch.stack([real_scale_logits(12.0, m) for m in multipliers])
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20),
+              SamplingParams(temperature=1.3, top_p=0.5), SamplingParams()]
+    sampler = Sampler(seed=2024)
+    draws = [sampler.sample(logits, _args(*params)).tolist() for _ in range(3)]
+    assert draws == [[4873, 10296, 50083, 83945],
+                     [23177, 63411, 124035, 83945],
+                     [11741, 2887, 93015, 83945]]
+    # plausible: rank 0 is the most likely token of its row
+    rank = logits.argsort(-1, descending=True).argsort(-1)
+    ranks = [[int(rank[row, token]) for row, token in enumerate(d)] for d in draws]
+    assert ranks == [[2456, 7, 6888, 0], [24, 4, 7944, 0], [7852, 16, 3844, 0]]
+    probs = torch.softmax(logits[2] / 1.3, -1).sort(descending=True).values
+    top_p_set = int((probs.cumsum(0) - probs < 0.5).sum())  # row 2 keeps its top 11,408
+    assert all(r[2] < top_p_set for r in ranks) and all(r[1] < 20 for r in ranks)
+
+
 # ---- with a model ---------------------------------------------------------------------------
 
 

@@ -129,3 +129,42 @@ def test_bad_engine_options_name_the_field(tiny_models):
     for field, value in [("page_size", 0), ("num_pages", 0), ("max_running_req", 0)]:
         with pytest.raises(ValueError, match=field):
             EngineConfig(str(tiny_models["llama3"]), **{field: value})
+
+
+@pytest.mark.parametrize("page_size, num_pages, budget_pages, max_seq_len, expected", [
+    (4, 10, None, None, 40),  # the model's 512 positions, but 10 pages of 4 tokens
+    (4, 10, None, 100, 40),  # asked for 100, still 40
+    (16, None, 3, None, 48),  # a budget of 3 pages of 16 tokens
+    (4, 200, None, 100, 100),  # a pool larger than asked for: as asked
+])
+def test_max_seq_len_is_capped_by_the_pool(tiny_models, page_size, num_pages, budget_pages,
+                                           max_seq_len, expected):
+    """No request can outgrow the pool: the context is what the pool holds, if that is less."""
+    per_page = 2 * 2 * page_size * 2 * 16 * 4  # as in test_kv_cache_sized_from_the_budget
+    engine = Engine(EngineConfig(str(tiny_models["llama3"]), device="cpu", page_size=page_size,
+                                 num_pages=num_pages, cpu_kv_bytes=(budget_pages or 1) * per_page,
+                                 max_running_req=8, max_seq_len=max_seq_len))
+    assert engine.max_seq_len == expected
+    assert engine.page_table.shape == (9, expected)  # 8 rows and the dummy's, whole pages
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_a_context_not_a_multiple_of_the_page_size(tiny_models, page_size):
+    """max_seq_len 30: the rows still hold whole pages (32 slots), so a request that reaches
+    position 29 gets its last page whole, as the scheduler gives pages, and its tokens."""
+    path = tiny_models["qwen3"]
+    engine = Engine(EngineConfig(str(path), device="cpu", page_size=page_size, num_pages=16,
+                                 max_running_req=2, max_seq_len=30))
+    assert engine.max_seq_len == 30
+    assert engine.page_table.shape == (3, 32)
+    prompt = encode(path, " ".join(PROMPTS))[:26]
+    req = Req(0, prompt, SamplingParams(max_tokens=4), table_idx=1)  # 26 + 4 = 30 tokens
+    next_page = 0
+    while not req.is_finished(None):
+        for pos in range(req.cached_len, req.device_len):
+            if pos % page_size == 0:  # a whole page, as CacheManager.allocate writes it
+                engine.page_table[1, pos : pos + page_size] = torch.arange(
+                    next_page * page_size, (next_page + 1) * page_size)
+                next_page += 1
+        req.append(int(engine.forward_batch(Batch([req]))[0]))
+    assert req.output_ids == hf_greedy(path, [prompt], 4)[0]
