@@ -5,12 +5,16 @@ EOS stop a request; every page and row comes back; bad requests are refused by n
 from __future__ import annotations
 
 import pytest
-from helpers import DENSE, encode, hf_greedy
+from helpers import DENSE, assert_pages_all_back, encode, hf_greedy
+from minisgl import kvcache
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.utils import pages_to_finish
 
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
            "1 2 3 4 5", "def add(a, b): return a + b", "The weather today is sunny"]
+# The prefix caches this tree has: chapter 8 adds the radix cache, which these tests must hold too.
+CACHES = ["naive"] + (["radix"] if hasattr(kvcache, "RadixPrefixCache") else [])
 
 
 def make(path, **options) -> Scheduler:
@@ -23,29 +27,22 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
-def assert_all_returned(s: Scheduler) -> None:
-    s.cache_manager.check_integrity(exhaustive=True)  # no page freed twice
-    pool = s.cache_manager
-    cached = pool.prefix_cache.size_info.total_size // pool.page_size
-    assert pool.num_free_pages + cached == pool.num_pages  # and none lost
-    assert pool.prefix_cache.size_info.protected_size == 0  # nothing left locked
-    assert s.table_manager.available_size == s.config.max_running_req and s.idle
-
-
-@pytest.mark.parametrize("family", DENSE)
-def test_more_requests_than_rows_equal_transformers(tiny_models, family):
+@pytest.mark.parametrize("family, cache_type", [(f, "naive") for f in DENSE]
+                         + [("qwen3", c) for c in CACHES[1:]])  # the radix cache on one
+def test_more_requests_than_rows_equal_transformers(tiny_models, family, cache_type):
     path = tiny_models[family]
-    s = make(path, max_running_req=2)
+    s = make(path, max_running_req=2, cache_type=cache_type)
     reqs = [s.add_req(encode(path, p), greedy(8)) for p in PROMPTS]
     s.run_until_idle()
     assert [r.output_ids for r in reqs] == hf_greedy(path, PROMPTS, 8)
-    assert_all_returned(s)
+    assert_pages_all_back(s)
 
 
+@pytest.mark.parametrize("cache_type", CACHES)
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-def test_requests_arriving_mid_run(tiny_models, page_size):
+def test_requests_arriving_mid_run(tiny_models, page_size, cache_type):
     path = tiny_models["qwen3"]
-    s = make(path, page_size=page_size, num_pages=512 // page_size)
+    s = make(path, page_size=page_size, num_pages=512 // page_size, cache_type=cache_type)
     lengths = [9, 3, 7, 5, 11, 4]
     reqs, joined_running = [], 0
     for step in range(40):
@@ -58,12 +55,14 @@ def test_requests_arriving_mid_run(tiny_models, page_size):
     assert s.idle and joined_running >= 3  # admitted while others were decoding
     for req, prompt, n in zip(reqs, PROMPTS, lengths):
         assert req.output_ids == hf_greedy(path, [prompt], n)[0]
-    assert_all_returned(s)
+    assert_pages_all_back(s)
 
 
-def test_a_pool_too_small_for_all_at_once(tiny_models):
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_a_pool_too_small_for_all_at_once(tiny_models, cache_type):
     path = tiny_models["llama3"]
-    s = make(path, page_size=4, num_pages=10, max_running_req=8)  # 40 token slots
+    s = make(path, page_size=4, num_pages=10, max_running_req=8,  # 40 token slots
+             cache_type=cache_type)
     reqs = [s.add_req(encode(path, p), greedy(12)) for p in PROMPTS]
     most_running, waited = 0, False
     while s.step() is not None:
@@ -71,13 +70,14 @@ def test_a_pool_too_small_for_all_at_once(tiny_models):
         waited |= bool(s.waiting) and s.table_manager.available_size > 0  # for pages, not rows
     assert most_running < len(PROMPTS) and waited
     assert [r.output_ids for r in reqs] == hf_greedy(path, PROMPTS, 12)
-    assert_all_returned(s)
+    assert_pages_all_back(s)
 
 
-def test_max_tokens_and_eos_stop_a_request(tiny_models):
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_max_tokens_and_eos_stop_a_request(tiny_models, cache_type):
     path = tiny_models["mistral"]
     ref = hf_greedy(path, PROMPTS[:2], 10)
-    s = make(path)
+    s = make(path, cache_type=cache_type)
     s.eos_token_id = ref[0][4]  # pretend the 5th token of request 0 is the end of sequence
     stop = s.add_req(encode(path, PROMPTS[0]), SamplingParams(max_tokens=10))
     ignore = s.add_req(encode(path, PROMPTS[0]), greedy(10))
@@ -87,7 +87,7 @@ def test_max_tokens_and_eos_stop_a_request(tiny_models):
     assert stop.output_ids == ref[0][: first_eos + 1]  # stops right after producing it
     assert ignore.output_ids == ref[0] and short.output_ids == ref[1][:3]
     assert finished.index(short) < finished.index(ignore)
-    assert_all_returned(s)
+    assert_pages_all_back(s)
 
 
 def test_max_tokens_cut_to_the_context(tiny_models):
@@ -97,11 +97,13 @@ def test_max_tokens_cut_to_the_context(tiny_models):
     req = s.add_req(prompt, greedy(50))
     s.run_until_idle()
     assert len(req.output_ids) == 4 and req.output_ids == hf_greedy(path, [prompt], 4)[0]
+    assert_pages_all_back(s)
 
 
-def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models):
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models, cache_type):
     path = tiny_models["llama3"]
-    s = make(path, max_seq_len=64)
+    s = make(path, max_seq_len=64, cache_type=cache_type)
     good = [s.add_req(encode(path, p), greedy(6)) for p in PROMPTS[:3]]
     s.step()
     s.step()
@@ -116,7 +118,39 @@ def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models):
     late = s.add_req(encode(path, PROMPTS[3]), greedy(6))
     s.run_until_idle()
     assert [r.output_ids for r in good + [late]] == hf_greedy(path, PROMPTS[:4], 6)
-    assert_all_returned(s)
+    assert_pages_all_back(s)
+
+
+def test_pages_to_finish_at_page_boundaries():
+    """The pages a request may still take: those of positions [0, max_len - 1) (its last token
+    is sampled, never run), less those of [0, cached_len) it holds, counted one by one."""
+    for page_size in (1, 2, 4):
+        for prompt_len in range(1, 10):
+            for max_tokens in range(1, 10):
+                req = Req(0, [7] * prompt_len, SamplingParams(max_tokens=max_tokens))
+                for req.cached_len in range(req.max_len):
+                    needed = {p // page_size for p in range(req.max_len - 1)}
+                    held = {p // page_size for p in range(req.cached_len)}
+                    assert pages_to_finish(req, page_size) == len(needed - held), (
+                        page_size, prompt_len, max_tokens, req.cached_len)
+
+
+@pytest.mark.parametrize("cache_type", CACHES)
+@pytest.mark.parametrize("prompt_len, max_tokens", [(6, 7), (5, 5)])  # 12, 9 positions: 3 pages
+@pytest.mark.parametrize("spare", [0, -1])
+def test_two_requests_that_exactly_fill_the_pool_start_together(tiny_models, cache_type,
+                                                                prompt_len, max_tokens, spare):
+    """Each may take 3 pages of 4: a pool of 6 admits both at once, one of 5 only the first
+    (the second waits for its pages and still finishes)."""
+    path = tiny_models["llama3"]
+    prompts = [list(range(20, 20 + prompt_len)), list(range(60, 60 + prompt_len))]
+    s = make(path, num_pages=6 + spare, cache_type=cache_type)
+    reqs = [s.add_req(p, greedy(max_tokens)) for p in prompts]
+    out = s.step()
+    assert out is not None and out.uids == [r.uid for r in reqs[: 2 + spare]]
+    s.run_until_idle()
+    assert [r.output_ids for r in reqs] == hf_greedy(path, prompts, max_tokens)
+    assert_pages_all_back(s)
 
 
 def _run_alone(cache, req, row: int) -> list:
@@ -229,7 +263,7 @@ def test_requests_stop_at_each_eos_id_the_model_files_name(tiny_models, tmp_path
     assert [r.output_ids for r in reqs] == expected
     assert expected == _hf_generate_to_eos(path, prompts, 10)  # transformers agrees
     assert ignoring.output_ids == ref[0]  # ignore_eos: past every one of them
-    assert_all_returned(s)
+    assert_pages_all_back(s)
 
 
 def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
@@ -245,4 +279,4 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
     edge = s.add_req([0, vocab_size - 1], greedy(3))  # the first and the last id are fine
     s.run_until_idle()
     assert edge.output_ids == hf_greedy(path, [[0, vocab_size - 1]], 3)[0]
-    assert_all_returned(s)
+    assert_pages_all_back(s)
