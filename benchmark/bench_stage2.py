@@ -5,12 +5,13 @@
     PYTHONPATH=python python benchmark/bench_stage2.py radix     # ch08: prefill saved by hits
     PYTHONPATH=python python benchmark/bench_stage2.py chunked   # ch09: chunk budget vs step time
 
-Every run uses one thread and takes the best (shortest) of ``--repeat`` runs, since the machine
-may be shared. Counts that do not depend on timing (tokens run through the model, steps) are
-printed beside the times: they are the same on every machine. ``--model tiny`` is the tiny
-random-weight Llama 3 of ``examples/tiny_models.py`` (hidden 64, 2 layers); ``--model small``
-is a larger random-weight Llama made here (hidden 512, 4 layers, 4096 positions), for effects
-that the tiny model computes too little to show. Nothing is downloaded.
+Every run uses one thread and takes the best (shortest) of ``--repeat`` runs, timed in CPU
+seconds of this process (``--clock wall`` for wall time), since the machine may be shared.
+Counts that do not depend on timing (tokens run through the model, steps) are printed beside
+the times: they are the same on every machine. ``--model tiny`` is the tiny random-weight
+Llama 3 of ``examples/tiny_models.py`` (hidden 64, 2 layers); ``--model small`` is a larger
+random-weight Llama made here (hidden 512, 4 layers, 4096 positions), for effects that the tiny
+model computes too little to show. Nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def make_model(kind: str, directory: str) -> str:
 
 
 def best_of(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
-    """The shortest wall time of ``repeat`` calls, and the last call's result."""
+    """The shortest time of ``repeat`` calls, and the last call's result."""
     best, result = float("inf"), None
     for _ in range(repeat):
         start = clock()
@@ -214,7 +215,7 @@ def bench_radix(path: str, args: argparse.Namespace) -> None:
     reqs = [(system + [20 + i] * args.question, params) for i in range(args.requests)]
     prompt_tokens = sum(len(ids) for ids, _ in reqs)
     print(f"{args.requests} requests: a shared system prompt of {args.system} tokens + "
-          f"{args.question} of their own, {args.output} new tokens each; {prompt_tokens} "
+          f"{args.question} of their own, {args.output} new tokens each;\n{prompt_tokens} "
           f"prompt tokens in all; pages of 16, budget 1024 tokens a prefill; "
           f"best of {args.repeat}")
     print(f"{'arrival':>12} {'cache':>6} {'prompt tokens run':>17} {'total s':>8} "
@@ -237,7 +238,7 @@ def bench_chunked(path: str, args: argparse.Namespace) -> None:
     long = ([30 + i % 300 for i in range(args.long)], params)
     arrivals = {0: short, 6: [long]}  # the long prompt comes while the short ones decode
     print(f"{args.short} requests of 16 tokens decoding, then one prompt of {args.long}; "
-          f"{args.output} new tokens each; pages of 16; best of {args.repeat} for each time")
+          f"{args.output} new tokens each;\npages of 16; best of {args.repeat} for each time")
     print(f"{'budget':>6} {'steps':>5} {'prefill':>7} {'largest forward':>15} "
           f"{'longest step ms':>15} {'longest gap ms':>14} {'total s':>7}")
     for budget in args.budgets:
@@ -285,7 +286,7 @@ def main() -> None:
     p.add_argument("--short", type=int, default=8)
     p.add_argument("--long", type=int, default=2048)
     p.add_argument("--output", type=int, default=16)
-    p.add_argument("--budgets", type=int, nargs="+", default=[2048, 512, 128])
+    p.add_argument("--budgets", type=int, nargs="+", default=[2048, 512, 128, 32])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     global clock
