@@ -119,7 +119,7 @@ def bench_kvcache(path: str, args: argparse.Namespace) -> None:
         for name, generate in (("recompute", generate_greedy_recompute),
                                ("cache", generate_greedy_cached)):
             counter["tokens"] = 0
-            times[name], _ = best_of(args.repeat, lambda g=generate: g(model, prompt, n))
+            times[name], _ = best_of(args.repeat, lambda g=generate, n=n: g(model, prompt, n))
             run = counter["tokens"] // args.repeat
             speedup = times["recompute"] / times[name]
             print(f"{n:10d} {name:>9} {run:10d} {times[name]:8.3f} "
@@ -158,9 +158,9 @@ def decode_seconds(engine: Engine, batch_size: int, prompt: int, steps: int) -> 
 
 def bench_batch(path: str, args: argparse.Namespace) -> None:
     top = max(args.batch_sizes)
-    pages = top * (args.prompt + args.steps + 16) // 16 + top
-    engine = Engine(EngineConfig(path, device="cpu", page_size=16, num_pages=pages,
-                                 max_running_req=top))
+    pages_a_request = -(-(args.prompt + args.steps + 1) // 16)  # pages of 16, rounded up
+    engine = Engine(EngineConfig(path, device="cpu", page_size=16,
+                                 num_pages=top * pages_a_request, max_running_req=top))
     print(f"decode, prompt {args.prompt} tokens, {args.steps} decode steps timed; "
           f"best of {args.repeat}")
     print(f"{'batch':>5} {'ms/step':>8} {'tokens/s':>9} {'vs batch 1':>10}")
