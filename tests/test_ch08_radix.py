@@ -102,9 +102,10 @@ def test_a_locked_parent_left_childless_stays():
     held = cache.match_prefix([1, 2])  # a split: [1, 2] (locked below) and [3, 4]
     cache.lock_handle(held)
     cache.insert_prefix([3], slots.take(1))  # slot 4: newer than [1, 2]
-    assert cache.evict(3).tolist() == [2, 3, 4]  # [3, 4] leaves [1, 2] a leaf, but locked
+    assert cache.evict(3).tolist() == [2, 3, 4]  # [3, 4], [3]: [1, 2] is a leaf then, but locked
     assert cache.size_info == (0, 2) and held.get_matched_indices().tolist() == [0, 1]
     cache.check_integrity()
+
 
 def test_a_new_leaf_is_the_newest():
     cache, slots = RadixPrefixCache(page_size=1), Slots()
