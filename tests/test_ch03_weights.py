@@ -150,6 +150,21 @@ def test_missing_path_or_config(tmp_path):
         load_model(tmp_path / "file")
 
 
+def test_generation_config_read_when_there_is_one(tiny_models, tmp_path):
+    """The scheduler takes EOS ids from generation_config.json (chapter 7); a directory may have
+    none, which is not an error."""
+    from minisgl.utils.hf import read_generation_config
+
+    out = tmp_path / "copy"
+    shutil.copytree(tiny_models["qwen3"], out)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [7, 9]}))
+    assert read_generation_config(out) == {"eos_token_id": [7, 9]}
+    (out / "generation_config.json").unlink()
+    assert read_generation_config(out) == {}
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_generation_config(tmp_path / "nowhere")
+
+
 def test_no_safetensors(tiny_models, tmp_path):
     out = tmp_path / "bare"
     out.mkdir()
