@@ -78,7 +78,7 @@ def test_max_tokens_and_eos_stop_a_request(tiny_models, cache_type):
     path = tiny_models["mistral"]
     ref = hf_greedy(path, PROMPTS[:2], 10)
     s = make(path, cache_type=cache_type)
-    s.eos_token_id = ref[0][4]  # pretend the 5th token of request 0 is the end of sequence
+    s.eos_token_ids = (ref[0][4],)  # pretend the 5th token of request 0 is the end of sequence
     stop = s.add_req(encode(path, PROMPTS[0]), SamplingParams(max_tokens=10))
     ignore = s.add_req(encode(path, PROMPTS[0]), greedy(10))
     short = s.add_req(encode(path, PROMPTS[1]), greedy(3))

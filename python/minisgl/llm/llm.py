@@ -65,7 +65,7 @@ class LLM:
     def _result(self, req: Req) -> Dict[str, Any]:
         ids = req.output_ids
         ended_at_eos = (bool(ids) and not req.sampling_params.ignore_eos
-                        and ids[-1] in self.scheduler.eos_token_id)
+                        and ids[-1] in self.scheduler.eos_token_ids)
         # drop the EOS itself, even one that is not a special token; then any special token
         text = self.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=True)
         return {"text": text, "token_ids": list(req.output_ids),

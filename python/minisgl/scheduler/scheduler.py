@@ -36,7 +36,7 @@ class Scheduler:
         self.decode_manager = DecodeManager()
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager,
                                               self.decode_manager, config.page_size)
-        self.eos_token_id = _eos_token_ids(config.model_path)  # one id, or several
+        self.eos_token_ids = _eos_token_ids(config.model_path)
         self._next_uid = 0
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
@@ -86,7 +86,7 @@ class Scheduler:
             if req.device_len < len(req.input_ids):
                 continue  # a chunk of a prompt: no token yet, the next chunk follows
             req.append(token)
-            if req.is_finished(self.eos_token_id):
+            if req.is_finished(self.eos_token_ids):
                 self.decode_manager.remove_req(req)
                 self.cache_manager.cache_req(req, finished=True)
                 self.table_manager.free(req.table_idx)

@@ -33,7 +33,7 @@ class Scheduler:
                                           create_prefix_cache(config.cache_type, config.page_size))
         self.decode_manager = DecodeManager()
         self.waiting: List[Req] = []  # arrived, not yet admitted, in order of arrival
-        self.eos_token_id = _eos_token_ids(config.model_path)  # one id, or several
+        self.eos_token_ids = _eos_token_ids(config.model_path)
         self._next_uid = 0
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
@@ -108,7 +108,7 @@ class Scheduler:
         finished = []
         for req, token in zip(batch.reqs, next_tokens):
             req.append(token)
-            if req.is_finished(self.eos_token_id):
+            if req.is_finished(self.eos_token_ids):
                 self.decode_manager.remove_req(req)
                 self.cache_manager.cache_req(req, finished=True)
                 self.table_manager.free(req.table_idx)
