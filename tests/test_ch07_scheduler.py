@@ -280,3 +280,25 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
     s.run_until_idle()
     assert edge.output_ids == hf_greedy(path, [[0, vocab_size - 1]], 3)[0]
     assert_pages_all_back(s)
+
+
+def test_the_naive_cache_matches_keeps_and_evicts_nothing():
+    """Chapter 7's prefix cache: no hit, nothing kept (so the caller frees every slot), nothing
+    locked or evictable; ``evict(0)`` is a no-op and anything more an error."""
+    import torch
+    from minisgl.kvcache.naive_cache import NaivePrefixCache
+
+    cache = NaivePrefixCache(page_size=4)
+    hit = cache.match_prefix([1, 2, 3, 4, 5])
+    assert hit.cached_len == 0 and hit.get_matched_indices().shape == (0,)
+    kept = cache.insert_prefix([1, 2, 3, 4], torch.arange(4, dtype=torch.int32))
+    assert kept.cached_len == 0 and kept.handle.cached_len == 0
+    assert kept.handle.get_matched_indices().shape == (0,)
+    cache.lock_handle(hit)
+    cache.lock_handle(hit, unlock=True)
+    assert cache.size_info == (0, 0)
+    nothing = cache.evict(0)
+    assert nothing.shape == (0,) and nothing.dtype == torch.int32
+    with pytest.raises(RuntimeError, match="cannot evict 1 tokens"):
+        cache.evict(1)
+    cache.check_integrity()

@@ -397,3 +397,42 @@ def test_a_request_refused_for_pages_unlocks_its_prefix(tiny_models):
     assert [big.output_ids, late.output_ids] == [
         hf_greedy(path, [big.input_ids], 9)[0], hf_greedy(path, [late.input_ids], 6)[0]]
     assert_pages_all_back(s)
+
+
+def _two_leaves() -> tuple[RadixPrefixCache, dict]:
+    """A tree of pages of 2: [1, 2] with the leaves [3, 4] and [5, 6]."""
+    cache, slots = RadixPrefixCache(page_size=2), Slots()
+    cache.insert_prefix([1, 2, 3, 4], slots.take(4))
+    cache.insert_prefix([1, 2, 5, 6], slots.take(4))
+    head = cache.match_prefix([1, 2]).node
+    return cache, {"head": head, "leaf": head.children[(3, 4)], "other": head.children[(5, 6)]}
+
+
+def _corrupt_node(**fields):
+    def corrupt(cache, nodes):
+        for name, value in fields.items():
+            setattr(nodes["leaf"], name, value)
+    return corrupt
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (_corrupt_node(key=[], value=torch.empty(0, dtype=torch.int32)), "holds 0 tokens"),
+    (_corrupt_node(key=[3, 4, 9], value=torch.tensor([2, 3, 9], dtype=torch.int32)),
+     "holds 3 tokens"),  # part of a page
+    (_corrupt_node(key=[3, 4, 9, 9], value=torch.tensor([2, 3], dtype=torch.int32)),
+     "holds 4 tokens, 2 slots"),
+    (_corrupt_node(key=[7, 7]), "not filed under its first page"),
+    (_corrupt_node(ref_count=-1), "reference counts"),
+    (_corrupt_node(ref_count=1), "reference counts"),  # more than its parent holds
+    (lambda cache, nodes: setattr(cache, "evictable_size", 7), r"sizes \(7, 0\)"),
+    (lambda cache, nodes: setattr(nodes["other"], "value", nodes["leaf"].value),
+     "held by two nodes"),
+])
+def test_check_integrity_names_each_kind_of_broken_tree(corrupt, message):
+    """The property test and the scheduler trust check_integrity: each of its checks fires,
+    with its own message, on a tree broken in just that way (and not on the tree before)."""
+    cache, nodes = _two_leaves()
+    cache.check_integrity()
+    corrupt(cache, nodes)
+    with pytest.raises(RuntimeError, match=message):
+        cache.check_integrity()
