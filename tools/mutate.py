@@ -119,13 +119,15 @@ class _Text:
 
 
 def _skipped_nodes(tree: ast.AST) -> set[int]:
-    """ids of nodes that are no behaviour: annotations, docstrings, and abstract methods whose
-    body is only ``...`` (their defaults are never used: the subclasses' are)."""
+    """ids of nodes that are no behaviour: annotations, docstrings, abstract methods whose body
+    is only ``...`` (their defaults are never used: the subclasses' are), and ``assert``
+    statements (an invariant the code keeps: one weakened is invisible until the code breaks)."""
     roots: list[ast.AST] = []
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _is_stub(node):
+        is_function = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        if isinstance(node, ast.Assert) or (is_function and _is_stub(node)):
             roots.append(node)
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        elif is_function:
             args = node.args
             every = args.posonlyargs + args.args + args.kwonlyargs + [args.vararg, args.kwarg]
             roots += [a.annotation for a in every if a is not None and a.annotation]

@@ -25,6 +25,10 @@ def f(xs: list[int], n: int = 3) -> int:  # the annotations are no behaviour
 class Base(abc.ABC):
     @abc.abstractmethod
     def g(self, flag: bool = False) -> None: ...
+
+
+def h(x):
+    assert x < 1 and not x, "an invariant the code keeps"
 '''
 
 
@@ -44,7 +48,7 @@ def test_every_kind_of_mutant_is_made_where_it_should_be():
         (12, "statement deleted"),
         (13, "statement deleted"),
         (14, "return value -> None"),
-    }  # nothing in docstrings, annotations, __all__ or the abstract method's signature
+    }  # nothing in docstrings, annotations, __all__, an abstract method's signature or an assert
 
 
 def test_a_mutant_changes_only_its_own_line_and_compiles():
