@@ -13,6 +13,9 @@ Families (hidden 64, 4 query heads, 2 KV heads, head_dim 16, 2 layers, float32):
     mistral   Mistral
     qwen3moe  Qwen3-MoE: 8 experts, top-2, ``norm_topk_prob=True`` (the Hugging Face default is
               False), checkpoint in the per-expert layout ``mlp.experts.{i}.{gate,up,down}_proj``
+    qwen2bytes  Qwen2 (as qwen2) with a byte-level BPE of its own over all 256 bytes, trained on
+              ``TEXT`` and ``MULTIBYTE_TEXT`` (accents, CJK, emoji), so that tokens split
+              multi-byte characters; Qwen2-Instruct's special tokens, EOS and chat template
 
 Usage: ``make_tiny_model("llama3", directory) -> Path`` or ``make_all(directory) -> dict``.
 This file imports no ``minisgl`` module: it is the same in every chapter's tree.
@@ -56,6 +59,25 @@ Numbers: one, two, three, four, five, six, seven, eight, nine, ten. 1 2 3 4 5 6 
 def add(a, b): return a + b
 for i in range(10): print(i * i)
 """
+# qwen2bytes's tokenizer learns these too: characters of 2, 3 and 4 bytes, common enough that
+# some become tokens, with many others left split across byte tokens
+MULTIBYTE_TEXT = """\
+Café crème, déjà vu, naïve façade, Größe, Straße, mañana, señor, São Paulo, Ærøskøbing.
+你好，世界。今天天气很好，我们去公园散步吧。我喜欢读书，也喜欢写代码。
+こんにちは、世界。ありがとうございます。日本語のテキストです。
+안녕하세요, 세계. 감사합니다.
+Emoji: 😀 😂 🎉 👍 🚀 ❤️ 🌍 🍕 😀😀 🎉🎉
+Price: 5 € or £4, 30°C, naïve café, 你好 😀.
+"""
+BYTES_VOCAB_SIZE = 512  # 256 bytes, 3 special tokens, 253 merges
+BYTES_EOS, BYTES_PAD = "<|im_end|>", "<|endoftext|>"  # as Qwen2-Instruct
+# Qwen2-Instruct's template: a default system turn when the conversation has none
+BYTES_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant."
+    "<|im_end|>\n{% endif %}{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 _COMMON = dict(
     hidden_size=64,
@@ -70,7 +92,7 @@ _COMMON = dict(
     tie_word_embeddings=False,
 )
 
-FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe")
+FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe", "qwen2bytes")
 
 
 def _config(name: str, eos: int):
@@ -84,6 +106,9 @@ def _config(name: str, eos: int):
     if name == "qwen2":
         return tf.Qwen2Config(**{**_COMMON, "tie_word_embeddings": True}, **ids,
                               rope_theta=1000000.0)
+    if name == "qwen2bytes":
+        return tf.Qwen2Config(**{**_COMMON, "tie_word_embeddings": True, **ids,
+                                 "vocab_size": BYTES_VOCAB_SIZE}, rope_theta=1000000.0)
     if name == "qwen3":
         rope = dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
                     original_max_position_embeddings=128)
@@ -138,6 +163,35 @@ def _train_tokenizer():
     return fast
 
 
+def _train_byte_tokenizer():
+    """Qwen2's pipeline (NFC, its regex, byte-level) with all 256 bytes in the alphabet, as real
+    byte-level BPEs have it: any text encodes, with no unknown token, and a character of 2 to 4
+    bytes may be one token, or split across several. Stops at ``BYTES_VOCAB_SIZE``.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BYTES_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator([TEXT, MULTIBYTE_TEXT], trainer=trainer)
+    if tok.get_vocab_size() != BYTES_VOCAB_SIZE:
+        raise RuntimeError(f"the tokenizer has {tok.get_vocab_size()} tokens, "
+                           f"not {BYTES_VOCAB_SIZE}")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=BYTES_EOS,
+                                   pad_token=BYTES_PAD)
+    fast.chat_template = BYTES_CHAT_TEMPLATE
+    return fast
+
+
 def _randomize(model: torch.nn.Module, seed: int) -> None:
     """Weights large enough that the logits are well apart (greedy decoding has no near-ties)."""
     gen = torch.Generator().manual_seed(seed)
@@ -174,14 +228,14 @@ def _check_expert_layout(path: Path) -> None:
         raise RuntimeError(f"this transformers version saved fused experts: {fused[:2]}")
 
 
-def _check_tokenizer(path: Path, trained) -> None:
+def _check_tokenizer(path: Path, trained, text: str = "") -> None:
     """transformers chooses the tokenizer class by model type too (``Qwen2Tokenizer`` for qwen2,
     with its own pipeline): what ``AutoTokenizer`` loads must encode as the trained one."""
     from transformers import AutoTokenizer
 
     loaded = AutoTokenizer.from_pretrained(path)
-    text = TEXT + "".join(map(chr, range(32, 127)))
-    if len(loaded) != VOCAB_SIZE or loaded.encode(text) != trained.encode(text):
+    text = TEXT + "".join(map(chr, range(32, 127))) + text
+    if len(loaded) != len(trained) or loaded.encode(text) != trained.encode(text):
         raise RuntimeError(f"AutoTokenizer loads a {type(loaded).__name__} from {path} that does "
                            "not encode as the trained tokenizer")
 
@@ -194,12 +248,17 @@ def make_tiny_model(name: str, directory: str | Path) -> Path:
     logging.disable_progress_bar()  # no "Writing model shards" bars in a chapter's prints
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = _train_tokenizer()
+    byte_level = name == "qwen2bytes"
+    tokenizer = _train_byte_tokenizer() if byte_level else _train_tokenizer()
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = _config(name, eos)
+    if byte_level:  # Qwen2-Instruct: a reply ends at <|im_end|>, <|endoftext|> ends it too
+        config.eos_token_id = tokenizer.convert_tokens_to_ids(BYTES_EOS)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed=FAMILIES.index(name) + 1)
+    if byte_level:
+        model.generation_config.eos_token_id = [config.eos_token_id, eos]
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     # the generic class name, which transformers 4 and 5 both know
@@ -207,7 +266,7 @@ def make_tiny_model(name: str, directory: str | Path) -> Path:
     tok_config = json.loads(config_file.read_text())
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_file.write_text(json.dumps(tok_config, indent=2) + "\n")
-    _check_tokenizer(path, tokenizer)
+    _check_tokenizer(path, tokenizer, MULTIBYTE_TEXT if byte_level else "")
     _check_expert_layout(path)
     return path
 
