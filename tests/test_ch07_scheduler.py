@@ -302,3 +302,27 @@ def test_the_naive_cache_matches_keeps_and_evicts_nothing():
     with pytest.raises(RuntimeError, match="cannot evict 1 tokens"):
         cache.evict(1)
     cache.check_integrity()
+
+
+def test_a_row_lists_every_slot_of_its_pages_in_order():
+    """Token j of a request sits in slot ``page * page_size + j % page_size`` of its page: the
+    row holds every slot of each page it was given, in order, none outside the pool."""
+    cache = _cache_manager(num_pages=6, page_size=4)
+    req = Req(0, list(range(10)), SamplingParams(max_tokens=1))
+    pages = _run_alone(cache, req, row=1)
+    assert len(pages) == 3
+    assert cache.page_table[1, :12].tolist() == [p * 4 + i for p in pages for i in range(4)]
+
+
+def test_the_idle_check_counts_and_the_exhaustive_one_finds_a_page_free_twice():
+    """The check the scheduler runs whenever it falls idle only counts pages (its cost does not
+    grow with the pool); ``exhaustive=True`` also finds a page that is free twice."""
+    cache = _cache_manager(num_pages=4, page_size=2)
+    req = Req(0, [1, 2, 3], SamplingParams(max_tokens=1))
+    _run_alone(cache, req, row=0)
+    cache.page_table[0, 2:4] = cache.page_table[0, 0:2]  # its second page now names its first
+    cache.cache_req(req, finished=True)  # so its first page is freed twice, its second never
+    assert cache.num_free_pages == 4
+    cache.check_integrity()  # the counts add up
+    with pytest.raises(RuntimeError, match="a page is free twice"):
+        cache.check_integrity(exhaustive=True)

@@ -436,3 +436,21 @@ def test_check_integrity_names_each_kind_of_broken_tree(corrupt, message):
     corrupt(cache, nodes)
     with pytest.raises(RuntimeError, match=message):
         cache.check_integrity()
+
+
+def test_the_cache_manager_check_runs_the_prefix_cache_check():
+    """The scheduler's idle check covers the radix tree too: two nodes holding the same slots
+    are found even when the page counts add up."""
+    from minisgl.core import Req
+    from minisgl.scheduler.cache import CacheManager
+
+    radix = RadixPrefixCache(page_size=1)
+    manager = CacheManager(4, 1, torch.zeros(2, 8, dtype=torch.int32), radix)
+    req = Req(0, [1, 2, 3, 4], SamplingParams(max_tokens=1))
+    req.table_idx = 0
+    manager.allocate([req])  # all 4 pages taken; the radix tree below says it holds 4 tokens
+    radix.insert_prefix([1, 2], torch.tensor([0, 1], dtype=torch.int32))
+    radix.insert_prefix([3, 4], torch.tensor([0, 1], dtype=torch.int32))  # the same slots
+    assert manager.num_free_pages + radix.size_info.total_size == manager.num_pages
+    with pytest.raises(RuntimeError, match="held by two nodes"):
+        manager.check_integrity()
