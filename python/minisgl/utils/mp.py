@@ -1,0 +1,264 @@
+"""Processes and the queues between them: ZMQ PUSH/PULL sockets over ``ipc://`` paths carrying
+msgpack'd messages, and worker processes that are spawned, say when they are ready, and stop
+together.
+
+A queue sends a message as ``msgpack(encoder(obj))`` and receives ``decoder(msgpack⁻¹(bytes))``;
+the encoders and decoders are the message classes' (``minisgl.message``). One side of a queue
+binds the address (``create=True``), the other connects; several PUSH sockets may connect to one
+PULL socket, which then receives from all of them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import traceback
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any, Callable, Dict, Generic, List, Sequence, TypeVar
+
+import msgpack
+import zmq
+import zmq.asyncio
+
+from .logger import init_logger
+
+T = TypeVar("T")
+LINGER_MS = 2000  # how long close() waits for messages not yet sent, so an exit never hangs
+logger = init_logger(__name__)
+
+
+def _socket(context: zmq.Context, kind: int, addr: str, create: bool) -> zmq.Socket:
+    socket = context.socket(kind)
+    socket.setsockopt(zmq.LINGER, LINGER_MS)
+    socket.bind(addr) if create else socket.connect(addr)
+    return socket
+
+
+class ZmqPushQueue(Generic[T]):
+    """The sending end: ``put`` queues the message and returns (ZMQ sends it in the background)."""
+
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
+        self.context = zmq.Context()
+        self.socket = _socket(self.context, zmq.PUSH, addr, create)
+        self.encoder = encoder
+
+    def put(self, obj: T) -> None:
+        self.socket.send(msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
+
+    def close(self) -> None:
+        """Once what was put has left (or after LINGER_MS)."""
+        self.socket.close()
+        self.context.term()
+
+
+class ZmqPullQueue(Generic[T]):
+    """The receiving end. ``get`` blocks until a message comes, and can also watch file
+    descriptors (a process's sentinel) so that a dead peer wakes it rather than hangs it."""
+
+    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
+        self.context = zmq.Context()
+        self.socket = _socket(self.context, zmq.PULL, addr, create)
+        self.decoder = decoder
+
+    def get(self, timeout: float | None = None, watch: Sequence[int] = ()) -> T | None:
+        """The next message; None if a watched fd became readable first (a process ended);
+        TimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
+        poller = zmq.Poller()
+        poller.register(self.socket, zmq.POLLIN)
+        for fd in watch:
+            poller.register(fd, zmq.POLLIN)
+        ready = dict(poller.poll(None if timeout is None else int(timeout * 1000)))
+        if self.socket in ready:
+            return self.get_nowait()
+        if ready:
+            return None
+        raise TimeoutError(f"no message in {timeout} s")
+
+    def get_nowait(self) -> T | None:
+        """The next message if one has arrived, else None."""
+        try:
+            raw = self.socket.recv(flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return None
+        return self.decoder(msgpack.unpackb(raw, raw=False))
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+
+class ZmqAsyncPushQueue(Generic[T]):
+    """``ZmqPushQueue`` for an asyncio program (the API server)."""
+
+    def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
+        self.context = zmq.asyncio.Context()
+        self.socket = _socket(self.context, zmq.PUSH, addr, create)
+        self.encoder = encoder
+
+    async def put(self, obj: T) -> None:
+        await self.socket.send(msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+
+class ZmqAsyncPullQueue(Generic[T]):
+    """``ZmqPullQueue`` for an asyncio program: ``await get()`` lets other tasks run meanwhile."""
+
+    def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
+        self.context = zmq.asyncio.Context()
+        self.socket = _socket(self.context, zmq.PULL, addr, create)
+        self.decoder = decoder
+
+    async def get(self) -> T:
+        return self.decoder(msgpack.unpackb(await self.socket.recv(), raw=False))
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+
+
+def parent_sentinel() -> List[int]:
+    """In a worker: a file descriptor that becomes readable when its parent process ends, to
+    watch while waiting (so a worker never outlives its parent); [] in the main process."""
+    parent = mp.parent_process()
+    return [] if parent is None else [parent.sentinel]
+
+
+class WorkerDied(RuntimeError):
+    """A worker process ended while the others were serving."""
+
+
+class Workers:
+    """Worker processes that start ready and stop together.
+
+    ``start(name, target, **kwargs)`` spawns ``target(ready=..., **kwargs)`` in a fresh
+    interpreter (spawn: nothing of this process's state, threads or sockets is inherited);
+    the target calls ``ready()`` once its sockets are bound and its model is loaded, and
+    ``wait_ready`` returns when every worker has. The ``ipc://`` socket files live in a
+    directory of their own, made per run (``addr(name)``) and removed by ``stop``.
+
+    If one worker dies, a watcher thread stops the others and says which died and how;
+    ``stop`` (or leaving the ``with`` block) ends them all. SIGINT and SIGTERM end the main
+    process through ``SystemExit``, so its ``with`` block stops the workers on the way out.
+    """
+
+    def __init__(self) -> None:
+        self.ipc_dir = tempfile.mkdtemp(prefix="minisgl-")
+        self.procs: Dict[str, BaseProcess] = {}
+        self.failure: str | None = None  # what ended the first worker that died, if any
+        self._ready: Dict[str, Connection] = {}
+        self._stopping = False
+        self._spawn = mp.get_context("spawn")
+        self._old_handlers: Dict[int, Any] = {}
+
+    def addr(self, name: str) -> str:
+        return f"ipc://{self.ipc_dir}/{name}"
+
+    def start(self, name: str, target: Callable[..., None], **kwargs: Any) -> None:
+        receiver, sender = self._spawn.Pipe(duplex=False)
+        proc = self._spawn.Process(target=_worker_main, args=(name, target, kwargs, sender),
+                                   name=f"minisgl-{name}", daemon=True)
+        proc.start()
+        sender.close()  # the child holds the sending end now
+        self.procs[name], self._ready[name] = proc, receiver
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Until every worker has called ready(); WorkerDied if one ends first, TimeoutError."""
+        waiting = dict(self._ready)
+        while waiting:
+            events = wait([*waiting.values(), *self.sentinels], timeout)
+            if not events:
+                raise TimeoutError(f"not ready after {timeout} s: {', '.join(waiting)}")
+            self.check()
+            for name, conn in list(waiting.items()):
+                if conn in events:
+                    try:
+                        conn.recv()
+                    except EOFError:  # it ended without a word: wait for its exit code
+                        self.procs[name].join(5.0)
+                        self.check()
+                    del waiting[name]
+        threading.Thread(target=self._watch, name="minisgl-watcher", daemon=True).start()
+
+    @property
+    def sentinels(self) -> List[int]:
+        """One fd per worker, readable once it has ended: to watch while waiting for replies."""
+        return [p.sentinel for p in self.procs.values()]
+
+    def check(self) -> None:
+        """WorkerDied if a worker has ended (unless we are stopping them)."""
+        for name, proc in self.procs.items():
+            if not self._stopping and proc.exitcode is not None:
+                self.failure = self.failure or _death_message(name, proc.exitcode)
+                raise WorkerDied(self.failure)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Wait up to ``grace`` seconds for the workers to exit by themselves (after an exit
+        message), then terminate what is left; remove the socket directory."""
+        self._stopping = True
+        for proc in self.procs.values():
+            proc.join(grace)
+            grace = 0.0  # the grace period is shared, not per worker
+        _end_all(self.procs.values())
+        shutil.rmtree(self.ipc_dir, ignore_errors=True)
+
+    def __enter__(self) -> Workers:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old_handlers[sig] = signal.signal(sig, _exit_on_signal)
+        return self
+
+    def __exit__(self, exc_type: Any, *_: Any) -> None:
+        self.stop(grace=0.0 if exc_type else 10.0)  # after an error, no exit message is coming
+        for sig, handler in self._old_handlers.items():
+            signal.signal(sig, handler)
+
+    def _watch(self) -> None:
+        wait(self.sentinels)  # until the first worker ends
+        if self._stopping:
+            return
+        name, proc = next((n, p) for n, p in self.procs.items() if p.exitcode is not None)
+        self.failure = self.failure or _death_message(name, proc.exitcode)
+        logger.error("%s: stopping the other workers", self.failure)
+        _end_all(self.procs.values())
+
+
+def _worker_main(name: str, target: Callable[..., None], kwargs: Dict[str, Any],
+                 ready: Connection) -> None:
+    """A worker's first frame: Ctrl-C goes to the whole terminal's process group, but only the
+    main process decides when to stop, so the worker ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        target(ready=lambda: ready.send(name), **kwargs)
+    except BaseException:
+        logger.error("the %s process failed:\n%s", name, traceback.format_exc())
+        os._exit(1)
+
+
+def _death_message(name: str, exitcode: int) -> str:
+    how = (f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0
+           else f"exited with code {exitcode}")
+    return f"the {name} process {how}"
+
+
+def _end_all(procs: Any) -> None:
+    """SIGTERM every worker still alive, then SIGKILL those that do not end within 5 s."""
+    procs = [p for p in procs if p.is_alive()]
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.join(5.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    raise SystemExit(f"minisgl: {signal.Signals(signum).name} received, stopping every process")
