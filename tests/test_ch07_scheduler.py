@@ -326,3 +326,22 @@ def test_the_idle_check_counts_and_the_exhaustive_one_finds_a_page_free_twice():
     cache.check_integrity()  # the counts add up
     with pytest.raises(RuntimeError, match="a page is free twice"):
         cache.check_integrity(exhaustive=True)
+
+
+def test_scheduler_options_are_checked_with_the_engine_ones():
+    """SchedulerConfig checks its own option and, through EngineConfig, the engine's (no model
+    is loaded to check them)."""
+    SchedulerConfig("any", max_extend_tokens=1)  # one token a forward is a budget
+    with pytest.raises(ValueError, match="max_extend_tokens must be >= 1, got 0"):
+        SchedulerConfig("any", max_extend_tokens=0)
+    with pytest.raises(ValueError, match="page_size must be >= 1"):
+        SchedulerConfig("any", page_size=0)
+
+
+def test_one_queued_request_keeps_the_scheduler_busy(tiny_models):
+    s = make(tiny_models["qwen2"])
+    assert s.idle
+    req = s.add_req([1, 2, 3], greedy(2))
+    assert not s.idle and s.waiting == [req]
+    assert s.run_until_idle() == [req] and s.idle
+    assert_pages_all_back(s)
