@@ -345,3 +345,16 @@ def test_one_queued_request_keeps_the_scheduler_busy(tiny_models):
     assert not s.idle and s.waiting == [req]
     assert s.run_until_idle() == [req] and s.idle
     assert_pages_all_back(s)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_every_row_is_used(tiny_models, rows):
+    """With pages to spare, the first step admits a request into every row, the last one too."""
+    s = make(tiny_models["qwen2"], max_running_req=rows)
+    reqs = [s.add_req([1, 2, 3 + i], greedy(2)) for i in range(rows + 1)]
+    out = s.step()
+    assert out is not None and out.uids == [r.uid for r in reqs[:rows]]
+    assert s.table_manager.available_size == 0 and s.waiting == reqs[rows:]
+    s.run_until_idle()
+    assert all(len(r.output_ids) == 2 for r in reqs)
+    assert_pages_all_back(s)
