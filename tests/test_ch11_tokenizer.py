@@ -162,6 +162,7 @@ def test_after_a_stop_string_nothing_more_is_sent(tok):
     ids = tok.encode("Hello world")
     assert "".join(detokenize(tok, [state], [ids])) == "Hel"
     assert detokenize(tok, [state], [tok.encode(" more")], [True]) == [""]
+    assert state.ids == ids  # the ids after the stop are not even kept
     assert state.finish_reason == "stop" and state.finished
     with pytest.raises(ValueError, match="request 0 has finished"):
         detokenize(tok, [state], [[5]])
@@ -226,7 +227,8 @@ def test_chat_template_is_the_tokenizers_own(tiny_models, family, messages):
 
 def test_a_template_with_its_own_bos_gets_it_once(tiny_models):
     """Llama 3's tokenizer adds <|begin_of_text|> to every encode, and its template writes it
-    too: the template's text must be encoded without adding special tokens."""
+    too: the template's text must be encoded without adding special tokens. An empty prompt
+    stays empty rather than a lone BOS."""
     from tokenizers.processors import TemplateProcessing
     from transformers import AutoTokenizer
 
@@ -239,6 +241,7 @@ def test_a_template_with_its_own_bos_gets_it_once(tiny_models):
     ids = tokenize_request(tok, messages=messages)
     assert ids == tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
     assert ids.count(0) == 1
+    assert tokenize_request(tok, prompt="") == []  # not a lone BOS: empty, for check_request
 
 
 def test_prompts_as_text_or_token_ids(tok):
