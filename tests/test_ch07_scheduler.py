@@ -358,3 +358,59 @@ def test_every_row_is_used(tiny_models, rows):
     s.run_until_idle()
     assert all(len(r.output_ids) == 2 for r in reqs)
     assert_pages_all_back(s)
+
+
+@pytest.mark.parametrize("cache_type", CACHES)
+def test_a_request_refused_for_pages_holds_nothing_while_it_waits(tiny_models, cache_type):
+    """Admission that fails for pages leaves the request as it came: no row and no cached
+    tokens (the radix cache's matched prefix was counted, then given back)."""
+    path = tiny_models["qwen2"]
+    s = make(path, num_pages=10, cache_type=cache_type)
+    shared = list(range(50, 58))  # two pages, which the radix cache keeps
+    s.add_req(shared, greedy(1))
+    s.run_until_idle()
+    big = s.add_req(list(range(200, 216)), greedy(9))  # 24 positions: 6 of the 10 pages
+    late = s.add_req(shared + [60, 61, 62, 63], greedy(6))  # does not fit beside it
+    s.step()
+    assert big.table_idx >= 0 and late.table_idx < 0 and late.cached_len == 0
+    s.run_until_idle()
+    assert late.output_ids == hf_greedy(path, [late.input_ids], 6)[0]
+    assert_pages_all_back(s)
+
+
+def test_requests_are_numbered_in_order_of_arrival(tiny_models):
+    s = make(tiny_models["qwen2"])
+    assert [s.add_req([1, 2, 3], greedy(1)).uid for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError):
+        s.add_req([], greedy(1))  # refused: it takes no number
+    assert s.add_req([4], greedy(1)).uid == 3
+    s.run_until_idle()
+
+
+def test_falling_idle_checks_that_every_page_came_back(tiny_models):
+    s = make(tiny_models["qwen2"])  # 64 pages of 4 tokens
+    stray = Req(-1, [1, 2, 3], SamplingParams(max_tokens=1), table_idx=0)
+    s.cache_manager.allocate([stray])  # a page taken outside any request the scheduler runs
+    with pytest.raises(RuntimeError, match="pages lost: 63 free"):
+        s.run_until_idle()
+
+
+def test_a_model_that_names_no_eos_runs_to_max_tokens(tiny_models, tmp_path):
+    path = _model_with_eos(tiny_models["qwen2"], tmp_path / "m", None, None)
+    s = make(path)
+    assert s.eos_token_ids == ()  # no id at all, as a tuple like several
+    req = s.add_req([1, 2, 3], SamplingParams(max_tokens=5))
+    s.run_until_idle()
+    assert len(req.output_ids) == 5
+
+
+def test_check_request_names_the_longest_prompt_and_rechecks_the_params():
+    from minisgl.scheduler.utils import check_request
+
+    with pytest.raises(ValueError, match="so a prompt has at most 7$"):
+        check_request(list(range(8)), SamplingParams(), max_seq_len=8, vocab_size=450)
+    params = SamplingParams()
+    params.temperature = -1.0  # changed after it was made (and checked)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        check_request([1], params, max_seq_len=8, vocab_size=450)
+    assert check_request(list(range(7)), SamplingParams(max_tokens=5), 8, 450).max_tokens == 1
