@@ -168,3 +168,25 @@ def test_a_context_not_a_multiple_of_the_page_size(tiny_models, page_size):
                 next_page += 1
         req.append(int(engine.forward_batch(Batch([req]))[0]))
     assert req.output_ids == hf_greedy(path, [prompt], 4)[0]
+
+
+def test_the_smallest_engine_options_are_allowed(tiny_models):
+    """One page, one row, one token a page; a budget of exactly one page is one page, and a byte
+    less is none (refused)."""
+    path = str(tiny_models["llama3"])
+    EngineConfig(path, page_size=1, num_pages=1, max_running_req=1)
+    per_page = 2 * 2 * 4 * 2 * 16 * 4  # as in test_kv_cache_sized_from_the_budget, pages of 4
+    engine = Engine(EngineConfig(path, device="cpu", page_size=4, cpu_kv_bytes=per_page,
+                                 max_running_req=1))
+    assert engine.num_pages == 1 and engine.max_seq_len == 4
+    with pytest.raises(ValueError, match="no memory left for the KV cache"):
+        Engine(EngineConfig(path, device="cpu", page_size=4, cpu_kv_bytes=per_page - 1))
+
+
+@pytest.mark.parametrize("dtype", [None, torch.bfloat16])
+def test_the_kv_cache_takes_the_engine_dtype(tiny_models, dtype):
+    """dtype None: the checkpoint's (float32 for the tiny models); else the one asked for."""
+    engine = Engine(EngineConfig(str(tiny_models["llama3"]), device="cpu", num_pages=4,
+                                 dtype=dtype))
+    expected = dtype or torch.float32
+    assert engine.dtype == expected and engine.kv_cache.buffer.dtype == expected
