@@ -100,11 +100,15 @@ def _decode(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState],
         rows = [i for i, s in enumerate(states) if s.skip_special_tokens == skip]
         if not rows:
             continue
-        windows = [states[i].ids[states[i].surr_offset:(states[i].read_offset if surrounding
-                                                         else None)] for i in rows]
+        windows = [_window(states[i], surrounding) for i in rows]
         for i, text in zip(rows, tokenizer.batch_decode(windows, skip_special_tokens=skip)):
             texts[i] = text
     return texts
+
+
+def _window(state: DecodeState, context_only: bool) -> List[int]:
+    end = state.read_offset if context_only else len(state.ids)
+    return state.ids[state.surr_offset:end]
 
 
 def _advance(state: DecodeState, read_text: str, surr_text: str, finished: bool) -> str:
