@@ -190,3 +190,47 @@ def test_the_kv_cache_takes_the_engine_dtype(tiny_models, dtype):
                                  dtype=dtype))
     expected = dtype or torch.float32
     assert engine.dtype == expected and engine.kv_cache.buffer.dtype == expected
+
+
+def test_a_prompt_run_in_parts_ends_on_the_token_of_one_forward(tiny_models):
+    """The engine runs whatever range [cached_len, device_len) a request brings: a prompt in
+    three parts, the last beside another request's whole prompt, then two decode steps."""
+    path = tiny_models["qwen2"]
+    engine = make_engine(path, page_size=4)
+    prompt, other_prompt = encode(path, PROMPTS[1]), encode(path, PROMPTS[2])
+    free = list(range(64))
+    req = Req(0, prompt, SamplingParams(max_tokens=3), table_idx=0)
+    for end in (5, 8):  # a part that ends inside a page of 4, one that ends on its boundary
+        req.device_len = end
+        give_pages(engine, free, req)
+        engine.forward_batch(Batch([req]))  # no token: the prompt is not done
+        assert req.cached_len == end
+    req.device_len = len(prompt)
+    other = Req(1, other_prompt, SamplingParams(max_tokens=3), table_idx=1)
+    reqs = [req, other]
+    while not all(r.is_finished(None) for r in reqs):
+        for r in reqs:
+            give_pages(engine, free, r)
+        for r, t in zip(reqs, engine.forward_batch(Batch(reqs)).tolist()):
+            r.append(t)
+    assert [r.output_ids for r in reqs] == hf_greedy(path, [prompt, other_prompt], 3)
+
+
+def test_the_gpu_budget_is_the_memory_ratio_less_the_weights(monkeypatch):
+    """The GPU arithmetic, its memory faked: 10 GiB of 80 in use before the model (another
+    process's), the weights take 6; half of the 70 left is 35, less the weights: 29 GiB."""
+    import types
+
+    import minisgl.engine.engine as engine_module
+
+    gib, free = 1 << 30, [70 << 30]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free[0], 80 * gib))
+    monkeypatch.setattr(engine_module, "free_memory", lambda device: free[0])
+    gpu = types.SimpleNamespace(device=torch.device("cuda"),
+                                config=EngineConfig("any", memory_ratio=0.5))
+    used_before = Engine._used_memory(gpu)
+    assert used_before == 10 * gib
+    free[0] = 64 << 30  # the weights are loaded
+    assert Engine._kv_budget(gpu, used_before) == 29 * gib
+    cpu = types.SimpleNamespace(device=torch.device("cpu"), config=EngineConfig("any"))
+    assert Engine._used_memory(cpu) == 0 and Engine._kv_budget(cpu, 0) == 256 << 20
