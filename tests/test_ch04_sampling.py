@@ -247,3 +247,13 @@ def test_sampled_generation_is_reproducible(tiny_models):
     first = generate(11)
     assert generate(11) == first
     assert len({tuple(x) for x in first}) > 1  # three rows, different draws
+
+
+def test_the_default_seed_is_the_engine_default_seed():
+    """``Sampler()`` draws as ``Sampler(seed=0)``, the seed EngineConfig gives by default."""
+    torch.manual_seed(1)
+    logits = torch.randn(32, 200)
+    args = _args(*[SamplingParams(temperature=1.0)] * 32)
+    default, zero, one = Sampler(), Sampler(seed=0), Sampler(seed=1)
+    assert torch.equal(default.sample(logits, args), zero.sample(logits, args))
+    assert not torch.equal(Sampler().sample(logits, args), one.sample(logits, args))
