@@ -156,3 +156,15 @@ def test_generation_config_eos_ends_requests_and_leaves_the_text(tiny_models, tm
     assert tok.decode([ordinary]) and not stopped[1]["text"].endswith(tok.decode([ordinary]))
     assert ignoring["token_ids"] == ref[0]
     assert ignoring["text"] == tok.decode(ref[0][:3]) + tok.decode(ref[0][4:])
+
+
+def test_an_eos_that_an_ignoring_request_ends_on_stays_in_the_text(tiny_models, tmp_path):
+    """A request that ignores EOS ends at max_tokens: if its last token happens to be an EOS id
+    (here an ordinary token), it is text like any other, not an end dropped from the text."""
+    original = tiny_models["llama3"]
+    ref = hf_greedy(original, PROMPTS[1:2], 5)[0]
+    llm = build_llm(_copy_model(original, tmp_path / "llama3", eos_token_id=[ref[4]]))
+    out = llm.generate(PROMPTS[1:2], greedy(5))[0]
+    tok = llm.tokenizer
+    assert out["token_ids"] == ref and tok.decode(ref) != tok.decode(ref[:4])
+    assert out["text"] == tok.decode(ref)
