@@ -259,6 +259,15 @@ def prepare_workdir(workdir: Path, repo: Path = ROOT) -> None:
          "--allow-empty", "-m", "snapshot")
 
 
+def check_imports_the_copy(workdir: Path) -> None:
+    """The tests must import the copy's minisgl (the one mutated), not the checkout's."""
+    where = subprocess.run([sys.executable, "-c", "import minisgl; print(minisgl.__file__)"],
+                           cwd=workdir / "tests", env=_pytest_env(workdir), check=True,
+                           capture_output=True, text=True).stdout.strip()
+    if workdir not in Path(where).parents:
+        sys.exit(f"minisgl is imported from {where}, not from the copy in {workdir}")
+
+
 def unchanged_in_git(workdir: Path) -> bool:
     return _git(workdir, "status", "--porcelain", "--", *COPIED) == ""
 
@@ -323,10 +332,12 @@ def measure_baseline(workdir: Path) -> Baseline:
     print(f"baseline: the tests of {', '.join(chapters)} under coverage ...", flush=True)
     cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
            "-p", "no:randomly", f"--junitxml={junit}", *_chapter_tests(workdir, chapters)]
+    started = time.monotonic()
     done = subprocess.run(cmd, cwd=workdir, env=_pytest_env(workdir), capture_output=True,
                           text=True)
     if done.returncode != 0:
         sys.exit(f"the unmutated tests fail in {workdir}:\n{done.stdout[-3000:]}")
+    print(f"baseline: {time.monotonic() - started:.0f} s", flush=True)
     baseline = Baseline(tests_hash, _durations(junit), *_coverage_lines(workdir, state))
     cached.write_text(json.dumps(asdict(baseline)))
     return baseline
@@ -536,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     if workdir == ROOT or ROOT in workdir.parents:
         sys.exit("--workdir must be outside the repository: mutants are written there")
     prepare_workdir(workdir)
+    check_imports_the_copy(workdir)
     log = workdir / ".mutate" / "results.jsonl"
     if args.fresh:
         log.unlink(missing_ok=True)

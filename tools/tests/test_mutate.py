@@ -110,3 +110,13 @@ def test_the_mutated_file_is_put_back_even_when_the_tests_crash(tmp_path):
 def test_the_repository_itself_is_refused_as_workdir():
     with pytest.raises(SystemExit, match="outside the repository"):
         mutate.main(["--workdir", str(mutate.ROOT / "build" / "mut"), "python/minisgl/llm"])
+
+
+def test_the_copy_is_what_the_tests_import(tmp_path):
+    repo, workdir = small_repo(tmp_path / "repo"), tmp_path / "work"
+    (repo / "python" / "minisgl" / "__init__.py").write_text("")
+    mutate.prepare_workdir(workdir, repo)
+    mutate.check_imports_the_copy(workdir)  # passes: PYTHONPATH names the copy
+    (workdir / "python" / "minisgl" / "__init__.py").unlink()  # now only an installed one
+    with pytest.raises(SystemExit, match="not from the copy"):
+        mutate.check_imports_the_copy(workdir)
