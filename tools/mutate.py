@@ -45,6 +45,7 @@ PACKAGE_CHAPTERS = {
     "attention": ("ch05", "ch06"),
     "llm": ("ch10",),
 }
+LAST_CHAPTER = max(c for cs in PACKAGE_CHAPTERS.values() for c in cs)  # by default, files to here
 COPIED = ("python", "tests", "examples", "pyproject.toml")  # what the tests need of the tree
 DEFAULT_WORKDIR = Path("/tmp/minisgl-mutate")
 
@@ -287,6 +288,25 @@ def run_mutant(workdir: Path, mutant: Mutant, run: Callable[[], str]) -> str:
 # Which tests to run for a line: per-test coverage of one run of every chapter's tests.
 
 
+def _book_chapters(repo: Path = ROOT) -> list[dict]:
+    import yaml
+
+    book = yaml.safe_load((repo / "steps.yaml").read_text())
+    return [chapter for stage in book["stages"] for chapter in stage["chapters"]]
+
+
+def _in_steps(file: Path, chapter: dict, lists: tuple[str, ...] = ("new", "modified")) -> bool:
+    name = file.relative_to(PACKAGE.parent).as_posix()  # steps.yaml's paths: minisgl/...
+    return any(name in (chapter.get(key) or []) for key in lists)
+
+
+def chapters_of(file: Path, repo: Path = ROOT) -> tuple[str, ...]:
+    """The chapters whose tests exercise a file: its package's, and those that add or change it
+    (steps.yaml), so that a file a later chapter adds is tested by that chapter too."""
+    own = {c["id"] for c in _book_chapters(repo) if _in_steps(file, c)}
+    return tuple(sorted(set(PACKAGE_CHAPTERS[file.parts[2]]) | own))
+
+
 def _chapter_tests(workdir: Path, chapters: Iterable[str]) -> list[str]:
     return sorted(str(p.relative_to(workdir)) for c in chapters
                   for p in (workdir / "tests").glob(f"test_{c}_*.py"))
@@ -310,21 +330,21 @@ def _pytest_env(workdir: Path) -> dict[str, str]:
 @dataclass
 class Baseline:
     tests_hash: str
+    chapters: list[str]  # whose tests ran
     durations: dict[str, float]  # test function (file::name) -> seconds, params summed
     lines: dict[str, dict[str, list[str]]]  # file -> line -> test functions that ran it
     imported: dict[str, list[int]]  # file -> lines run while importing (no test's own)
 
 
-def measure_baseline(workdir: Path) -> Baseline:
-    """Run every mapped chapter's tests once, unmutated, under coverage with a context per test."""
+def measure_baseline(workdir: Path, chapters: list[str]) -> Baseline:
+    """Run the chapters' tests once, unmutated, under coverage with a context per test."""
     state = workdir / ".mutate"
     state.mkdir(exist_ok=True)
     cached, tests_hash = state / "baseline.json", _tests_hash(workdir)
     if cached.exists():
         baseline = Baseline(**json.loads(cached.read_text()))
-        if baseline.tests_hash == tests_hash:
+        if baseline.tests_hash == tests_hash and set(chapters) <= set(baseline.chapters):
             return baseline
-    chapters = sorted({c for cs in PACKAGE_CHAPTERS.values() for c in cs})
     rc = state / "coveragerc"
     rc.write_text(f"[run]\ndynamic_context = test_function\nsource = {workdir / PACKAGE}\n"
                   f"data_file = {state / 'coverage'}\n")
@@ -338,7 +358,10 @@ def measure_baseline(workdir: Path) -> Baseline:
     if done.returncode != 0:
         sys.exit(f"the unmutated tests fail in {workdir}:\n{done.stdout[-3000:]}")
     print(f"baseline: {time.monotonic() - started:.0f} s", flush=True)
-    baseline = Baseline(tests_hash, _durations(junit), *_coverage_lines(workdir, state))
+    lines, imported = _coverage_lines(workdir, state)
+    if not lines:
+        sys.exit("coverage saw no line of the copy's minisgl: the tests imported another one")
+    baseline = Baseline(tests_hash, chapters, _durations(junit), lines, imported)
     cached.write_text(json.dumps(asdict(baseline)))
     return baseline
 
@@ -450,8 +473,9 @@ class ForkRunner:
 
 
 def target_files(targets: list[str], repo: Path = ROOT) -> list[Path]:
-    """The .py files (relative to the repository) of the packages or files named."""
-    names = targets or [str(PACKAGE / p) for p in PACKAGE_CHAPTERS]
+    """The .py files (relative to the repository) of the packages or files named; by default
+    those of the five packages that chapters up to LAST_CHAPTER add."""
+    names = targets or [str(PACKAGE / p) for p in PACKAGE_CHAPTERS if (repo / PACKAGE / p).is_dir()]
     files: list[Path] = []
     for name in names:
         path = (repo / name).resolve()
@@ -460,6 +484,9 @@ def target_files(targets: list[str], repo: Path = ROOT) -> list[Path]:
     for f in files:
         if f.parts[:2] != PACKAGE.parts or len(f.parts) < 4 or f.parts[2] not in PACKAGE_CHAPTERS:
             sys.exit(f"{f}: not a file of the packages {', '.join(PACKAGE_CHAPTERS)}")
+    if not targets:
+        early = {c["id"]: c for c in _book_chapters(repo) if c["id"] <= LAST_CHAPTER}
+        files = [f for f in files if any(_in_steps(f, c, ("new",)) for c in early.values())]
     return files
 
 
@@ -471,8 +498,7 @@ def _load_results(path: Path) -> dict[str, dict]:
 
 def mutate_file(workdir: Path, file: Path, baseline: Baseline, results: dict[str, dict],
                 log: Path, runner: ForkRunner) -> list[dict]:
-    chapters = PACKAGE_CHAPTERS[file.parts[2]]
-    package_tests = _chapter_tests(workdir, chapters)
+    package_tests = _chapter_tests(workdir, chapters_of(file))
     source = (workdir / file).read_text(encoding="utf-8")
     rows = []
     for mutant in mutants_of(source, str(file)):
@@ -552,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh:
         log.unlink(missing_ok=True)
     started = time.monotonic()
-    baseline = measure_baseline(workdir)
+    baseline = measure_baseline(workdir, sorted({c for f in files for c in chapters_of(f)}))
     results = _load_results(log)
     runner, rows = ForkRunner(workdir), {}
     try:

@@ -120,3 +120,15 @@ def test_the_copy_is_what_the_tests_import(tmp_path):
     (workdir / "python" / "minisgl" / "__init__.py").unlink()  # now only an installed one
     with pytest.raises(SystemExit, match="not from the copy"):
         mutate.check_imports_the_copy(workdir)
+
+
+def test_a_file_a_later_chapter_adds_is_left_out_by_default_and_tested_by_its_chapter(tmp_path):
+    repo = small_repo(tmp_path / "repo")
+    (repo / "python" / "minisgl" / "llm" / "server.py").write_text("x = 1\n")
+    (repo / "steps.yaml").write_text(
+        "stages:\n  - chapters:\n"
+        "      - {id: ch10, new: [minisgl/llm/llm.py]}\n"
+        "      - {id: ch12, new: [minisgl/llm/server.py], modified: [minisgl/llm/llm.py]}\n")
+    assert mutate.target_files([], repo) == [Path("python/minisgl/llm/llm.py")]
+    assert mutate.chapters_of(Path("python/minisgl/llm/server.py"), repo) == ("ch10", "ch12")
+    assert mutate.chapters_of(Path("python/minisgl/llm/llm.py"), repo) == ("ch10", "ch12")
