@@ -1,0 +1,110 @@
+"""Start the server: the tokenizer worker and the scheduler process (chapter 12's ``Workers``),
+then the HTTP API in this process, until a signal or a dying worker stops everything.
+
+    API server --TokenizeMsg--> tokenizer --UserMsg--> scheduler
+    API server <--UserReply-- detokenizer <--DetokenizeMsg-- scheduler
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from multiprocessing.connection import wait
+from typing import Any, Callable
+
+import uvicorn
+
+from minisgl import env
+from minisgl.scheduler import Scheduler, SchedulerConfig
+from minisgl.scheduler.io import SchedulerIO, SchedulerLoop
+from minisgl.tokenizer.server import tokenizer_worker
+from minisgl.utils.logger import init_logger
+from minisgl.utils.mp import WorkerDied, Workers
+
+from .api_server import Frontend, Metrics, SchedulerStats, create_app
+from .args import ServerArgs
+
+logger = init_logger(__name__)
+
+
+class _PublishingLoop(SchedulerLoop):
+    """Chapter 12's loop, which also writes the scheduler's gauges after every step."""
+
+    def __init__(self, scheduler: Scheduler, stats: SchedulerStats):
+        super().__init__(scheduler)
+        self.stats = stats
+        stats.publish(scheduler)
+
+    def step(self) -> Any:
+        out = super().step()
+        self.stats.publish(self.scheduler)
+        return out
+
+
+def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
+                  stats: Any, ready: Callable[[], None]) -> None:
+    """The scheduler process, as chapter 12 runs it, with its gauges shared with /metrics."""
+    scheduler = Scheduler(config)
+    io = SchedulerIO(backend_addr, detokenizer_addr)
+    loop = _PublishingLoop(scheduler, SchedulerStats(stats))
+    ready()
+    try:
+        loop.run(io)
+    finally:
+        io.close()
+        scheduler.shutdown()
+
+
+def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> None:
+    """The scheduler and the tokenizer worker, their sockets in the run's own directory."""
+    workers.start("scheduler", run_scheduler, config=args.scheduler_config(),
+                  backend_addr=workers.addr("scheduler"),
+                  detokenizer_addr=workers.addr("tokenizer"), stats=stats.array)
+    workers.start("tokenizer", tokenizer_worker, model_path=args.model_path,
+                  inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
+                  frontend_addr=workers.addr("frontend"))
+
+
+def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) -> None:
+    """A thread: once a worker ends while we serve, every request gets a 503 saying which
+    died; after a grace period the server stops (and ``launch_server`` exits non-zero)."""
+    ended = wait(workers.sentinels)
+    if server.should_exit:  # we are stopping anyway: a signal
+        return
+    for proc in workers.procs.values():
+        if proc.sentinel in ended:
+            proc.join(5.0)  # its exit code is known once it is reaped
+    try:
+        workers.check()
+        message = "a worker ended"
+    except WorkerDied as e:  # names the worker and how it ended
+        message = str(e)
+    logger.error("%s: answering 503 for %.1f s, then stopping", message, env.failure_grace_s())
+    frontend.fail(message)
+    time.sleep(env.failure_grace_s())
+    server.should_exit = True
+
+
+def launch_server(args: ServerArgs) -> None:
+    """Serve until SIGINT/SIGTERM (a SystemExit naming the signal, once the replies under way
+    are sent) or a worker's death (a SystemExit naming it); no process or socket file stays."""
+    with Workers() as workers:
+        stats = SchedulerStats()
+        start_workers(workers, args, stats)
+        workers.wait_ready(timeout=env.ready_timeout_s())
+        frontend = Frontend(workers.addr("tokenizer"), workers.addr("frontend"), Metrics(stats))
+        config = uvicorn.Config(create_app(args, frontend), host=args.host, port=args.port,
+                                log_level="warning", access_log=False)
+        server = uvicorn.Server(config)
+        threading.Thread(target=watch_workers, args=(workers, frontend, server),
+                         name="minisgl-server-watcher", daemon=True).start()
+        pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
+        print(f"minisgl: serving {args.model_path} on http://{args.host}:{args.port}; "
+              f"workers: {pids}", file=sys.stderr, flush=True)
+        server.run()
+        if frontend.failure is not None:
+            raise SystemExit(f"minisgl: {frontend.failure}; the server has stopped")
+        if not server.started:
+            raise SystemExit(f"minisgl: could not serve on {args.host}:{args.port}")
+

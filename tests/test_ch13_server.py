@@ -1,0 +1,378 @@
+"""Chapter 13: the OpenAI-compatible server, through real processes and sockets on 127.0.0.1
+and the official ``openai`` client. One server per module (started once: it loads a model in two
+processes); the fault test starts its own, since it kills it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import tiny_models as tm
+from helpers import ROOT
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.tokenizer import tokenize_request
+
+KEY = "sk-ch13-test"
+OPTIONS = dict(device="cpu", page_size=4, num_pages=256, max_running_req=16)
+FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "256",
+         "--max-running-requests", "16"]
+PROMPTS = ["Hello world", "Once upon a time", [5, 17, 260, 300, 41], tm.MULTIBYTE_TEXT[:40]]
+CHAT = [{"role": "user", "content": "What is the weather today?"}]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``python -m minisgl`` in a subprocess, its stderr in a file."""
+
+    def __init__(self, model: Path, log: Path, *flags: str, env: dict | None = None):
+        self.port, self.log = _free_port(), log
+        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port),
+               *FLAGS, *flags]
+        full_env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), **(env or {})}
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, env=full_env)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._wait_healthy(timeout=60)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"the server exited:\n{self.log.read_text()}"
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"no server after {timeout} s:\n{self.log.read_text()}")
+
+    def client(self, key: str = KEY) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, timeout=30)
+
+    def metrics(self) -> dict:
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return {m[1]: float(m[2]) for m in re.finditer(r"^(minisgl:\w+) (\S+)$", text, re.M)}
+
+    def wait_idle(self, timeout: float = 10.0) -> dict:
+        """/metrics once no request runs or waits: every page is then free or cached."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            m = self.metrics()
+            if m["minisgl:num_running_reqs"] == 0 and m["minisgl:num_waiting_reqs"] == 0:
+                return m
+            time.sleep(0.05)
+        raise TimeoutError(f"still busy after {timeout} s: {m}")
+
+    def worker_pid(self, name: str) -> int:
+        return int(re.search(rf"{name} \(pid (\d+)\)", self.log.read_text())[1])
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_models) -> Path:
+    return tiny_models["qwen2bytes"]
+
+
+@pytest.fixture(scope="module")
+def server(model, tmp_path_factory):
+    srv = Server(model, tmp_path_factory.mktemp("server") / "server.log", "--api-key", KEY)
+    yield srv
+    assert srv.stop() != 0 and "SIGTERM received" in srv.log.read_text()
+    assert "Traceback" not in srv.log.read_text(), srv.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def llm(model):
+    engine = LLM(model, **OPTIONS)
+    yield engine
+    engine.shutdown()
+
+
+def _greedy(n: int, **extra) -> dict:
+    return dict(max_tokens=n, temperature=0, extra_body={"ignore_eos": True, **extra})
+
+
+def test_greedy_completions_equal_llm_generate_with_exact_usage(server, llm):
+    client = server.client()
+    refs = llm.generate(PROMPTS, SamplingParams(max_tokens=12, ignore_eos=True))
+    for prompt, ref in zip(PROMPTS, refs):
+        out = client.completions.create(model="m", prompt=prompt, **_greedy(12))
+        assert out.choices[0].text == ref["text"]
+        assert out.choices[0].finish_reason == "length"
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) \
+            == (len(ref["prompt_token_ids"]), 12, len(ref["prompt_token_ids"]) + 12)
+
+
+def test_chat_equals_the_offline_api_on_the_chat_template(server, llm):
+    ids = tokenize_request(llm.tokenizer, messages=CHAT)
+    ref = llm.generate([ids], SamplingParams(max_tokens=40))[0]
+    out = server.client().chat.completions.create(model="m", messages=CHAT, max_tokens=40,
+                                                  temperature=0)
+    assert out.choices[0].message.content == ref["text"]
+    assert out.choices[0].message.role == "assistant"
+    at_eos = len(ref["token_ids"]) < 40 or ref["token_ids"][-1] in llm.scheduler.eos_token_ids
+    assert out.choices[0].finish_reason == ("stop" if at_eos else "length")
+    assert out.usage.prompt_tokens == len(ids)
+    assert out.usage.completion_tokens == len(ref["token_ids"])
+
+
+def _stream_text(stream) -> tuple[str, str | None, object, int]:
+    """Joined text, the last finish reason, the usage chunk's usage, and the number of chunks."""
+    text, reason, usage, n = "", None, None, 0
+    for chunk in stream:
+        n += 1
+        usage = chunk.usage or usage
+        for choice in chunk.choices:
+            piece = choice.delta.content if hasattr(choice, "delta") else choice.text
+            text += piece or ""
+            reason = choice.finish_reason or reason
+    return text, reason, usage, n
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_streamed_completion_joined_equals_the_plain_one(server, prompt):
+    client = server.client()
+    plain = client.completions.create(model="m", prompt=prompt, **_greedy(16))
+    stream = client.completions.create(model="m", prompt=prompt, stream=True,
+                                       stream_options={"include_usage": True}, **_greedy(16))
+    text, reason, usage, chunks = _stream_text(stream)
+    assert (text, reason) == (plain.choices[0].text, "length")
+    assert usage.model_dump() == plain.usage.model_dump()
+    assert chunks > 2  # it did stream
+
+
+def test_streamed_chat_joined_equals_the_plain_one(server):
+    client = server.client()
+    plain = client.chat.completions.create(model="m", messages=CHAT, max_tokens=20,
+                                           temperature=0)
+    stream = client.chat.completions.create(model="m", messages=CHAT, max_tokens=20,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True})
+    text, reason, usage, _ = _stream_text(stream)
+    assert (text, reason) == (plain.choices[0].message.content, plain.choices[0].finish_reason)
+    assert usage.model_dump() == plain.usage.model_dump()
+
+
+def test_multibyte_text_streams_whole_characters(server, llm):
+    """A byte-level model: its tokens split characters, yet every piece is whole text."""
+    prompt = tm.MULTIBYTE_TEXT[:60]
+    ref = llm.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+    pieces = []
+    for chunk in server.client().completions.create(model="m", prompt=prompt, stream=True,
+                                                    **_greedy(30)):
+        pieces += [c.text for c in chunk.choices if c.text]
+    assert "".join(pieces) == ref["text"]
+    assert any(ord(ch) > 127 for ch in ref["text"])  # the test means something
+    decoded = llm.tokenizer.decode(ref["token_ids"])  # the whole reply at once
+    assert all(piece in decoded for piece in pieces)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_are_cut_and_finish_with_stop(server, stream):
+    client = server.client()
+    text = client.completions.create(model="m", prompt="Hello world", **_greedy(24)) \
+        .choices[0].text
+    stop = text[6:9]
+    assert len(stop) == 3 and text.index(stop) > 0
+    out = client.completions.create(model="m", prompt="Hello world", stop=[stop, "zzzz"],
+                                    stream=stream, **_greedy(24))
+    got, reason, _, _ = _stream_text(out) if stream else (out.choices[0].text,
+                                                          out.choices[0].finish_reason, 0, 0)
+    assert (got, reason) == (text[:text.index(stop)], "stop")
+
+
+def test_models_health_and_metric_names(server, model):
+    assert [m.id for m in server.client().models.list()] == [str(model)]
+    assert httpx.get(server.url + "/health").status_code == 200
+    names = set(server.metrics())
+    for name in ("num_running_reqs", "num_waiting_reqs", "kv_pages_total", "kv_pages_free",
+                 "kv_pages_cached", "prompt_tokens_total", "generation_tokens_total",
+                 "time_to_first_token_seconds_count", "time_per_output_token_seconds_count",
+                 "e2e_request_latency_seconds_count"):
+        assert f"minisgl:{name}" in names
+    m = server.wait_idle()
+    assert m["minisgl:kv_pages_total"] == 256
+    assert m["minisgl:kv_pages_free"] + m["minisgl:kv_pages_cached"] == 256
+
+
+BAD = [  # (route, body, status, the words the message must hold)
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "Hi", "temperature": -1}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "Hi", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "Hi", "top_p": 0}, 400, "top_p"),
+    ("/v1/completions", {"prompt": "Hi", "top_k": 0}, 400, "top_k"),
+    ("/v1/completions", {"prompt": "Hi", "stop": 5}, 400, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "stop": [""]}, 400, "stop"),
+    ("/v1/completions", {"prompt": "Hi", "n": 2}, 400, "n=2"),
+    ("/v1/completions", {"prompt": "Hi", "logprobs": 3}, 400, "logprobs"),
+    ("/v1/completions", {"prompt": "Hi", "temperature": 0.5, "seed": 3}, 400, "seed"),
+    ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
+    ("/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/completions", {"max_tokens": 3}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "word " * 600}, 400, "max_seq_len"),
+    ("/v1/completions", {"prompt": [1, 2, 512]}, 400, "vocab_size"),
+    ("/v1/completions", {"prompt": [1, -2]}, 400, "token ids[1]"),
+    ("/v1/completions", {"prompt": [1, 2.5]}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "content"),
+    ("/v1/completions", b'{"prompt": "Hi", ', 400, "JSON"),
+    ("/v1/completions", b"[1, 2]", 400, "body"),
+    ("/v1/nothing", {"prompt": "Hi"}, 404, "/v1/nothing"),
+]
+
+
+@pytest.mark.parametrize("route,body,status,words", BAD, ids=[str(b[1])[:40] for b in BAD])
+def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, route, body, status,
+                                                               words):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    r = httpx.post(server.url + route, content=content, timeout=10,
+                   headers={"Authorization": f"Bearer {KEY}",
+                            "Content-Type": "application/json"})
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert words in error["message"] and "Traceback" not in r.text
+    assert error["type"] and error["code"] == status
+    out = server.client().completions.create(model="m", prompt="Hi", **_greedy(2))
+    assert out.usage.completion_tokens == 2
+
+
+def test_streamed_bad_request_gets_its_status_before_any_event(server):
+    with pytest.raises(openai.BadRequestError, match="vocab_size"):
+        list(server.client().completions.create(model="m", prompt=[7, 9999], stream=True,
+                                                max_tokens=3))
+
+
+@pytest.mark.parametrize("key", ["wrong", KEY + "x", KEY[:-1]])
+def test_a_wrong_or_missing_api_key_gets_401(server, key):
+    with pytest.raises(openai.AuthenticationError, match="API key"):
+        server.client(key=key).completions.create(model="m", prompt="Hi", max_tokens=2)
+    r = httpx.get(server.url + "/v1/models")  # no header at all
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(server.url + "/health").status_code == 200  # probes need no key
+
+
+def _disconnect_after(server: Server, n_events: int, max_tokens: int, chat: bool = False):
+    """Open a stream, read ``n_events`` events, then close the connection."""
+    body = ({"messages": CHAT} if chat else {"prompt": "Once upon a time"}) | {
+        "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True}
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    with httpx.stream("POST", server.url + route, json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        for _ in range(n_events):
+            while not next(lines).startswith("data: "):
+                pass
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_client_that_disconnects_mid_stream_frees_its_pages(server, chat):
+    """400 tokens take the tiny model far longer than the deadline: only an abort is this fast."""
+    server.wait_idle()
+    before = server.metrics()["minisgl:generation_tokens_total"]
+    _disconnect_after(server, n_events=3, max_tokens=400, chat=chat)
+    m = server.wait_idle(timeout=4.0)
+    assert m["minisgl:kv_pages_free"] + m["minisgl:kv_pages_cached"] == 256
+    assert m["minisgl:generation_tokens_total"] - before < 100
+
+
+def test_a_disconnect_before_a_plain_reply_aborts_it(server):
+    server.wait_idle()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", timeout=1.0,
+                   headers={"Authorization": f"Bearer {KEY}"},
+                   json={"prompt": "Hello", "max_tokens": 400, "ignore_eos": True})
+    m = server.wait_idle(timeout=4.0)
+    assert m["minisgl:kv_pages_free"] + m["minisgl:kv_pages_cached"] == 256
+
+
+async def _one_client(http: httpx.AsyncClient, i: int) -> str:
+    """Client i: one in ten sends a malformed body, one in ten leaves after its first event,
+    the others read their whole stream; returns what happened."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    if i % 10 == 3:
+        r = await http.post("/v1/completions", content=b'{"prompt": [1,', headers=headers)
+        return f"malformed {r.status_code}"
+    body = {"prompt": f"Hello world {i}", "max_tokens": 8 + i % 5, "ignore_eos": True,
+            "temperature": 0.8, "stream": True, "stream_options": {"include_usage": True}}
+    async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+        events = []
+        async for line in r.aiter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if i % 10 == 7:
+                    return "left"
+    assert events[-1] == "[DONE]", events[-3:]
+    usage = json.loads(events[-2])["usage"]
+    reasons = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-2]]
+    return f"{usage['completion_tokens'] == 8 + i % 5} {reasons[-1]}"
+
+
+def test_forty_concurrent_streams_some_malformed_some_leaving(server):
+    async def run_all() -> list:
+        limits = httpx.Limits(max_connections=50)
+        async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=limits) as http:
+            return await asyncio.wait_for(
+                asyncio.gather(*(_one_client(http, i) for i in range(40))), timeout=25)
+
+    results = asyncio.run(run_all())
+    assert results.count("malformed 400") == 4 and results.count("left") == 4
+    assert results.count("True length") == 32, results
+    m = server.wait_idle()
+    assert m["minisgl:kv_pages_free"] + m["minisgl:kv_pages_cached"] == 256
+    out = server.client().completions.create(model="m", prompt="Hi", **_greedy(3))
+    assert out.usage.completion_tokens == 3
+
+
+def test_the_scheduler_killed_mid_run_gives_503_then_a_nonzero_exit(model, tmp_path):
+    srv = Server(model, tmp_path / "server.log", env={"MINISGL_FAILURE_GRACE_S": "1.5"})
+    try:
+        client, errors = srv.client(), []
+
+        def long_request() -> None:
+            try:
+                client.completions.create(model="m", prompt="Hi", max_tokens=400,
+                                          extra_body={"ignore_eos": True})
+            except openai.APIStatusError as e:
+                errors.append(e)
+
+        thread = threading.Thread(target=long_request)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while srv.metrics()["minisgl:num_running_reqs"] == 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        os.kill(srv.worker_pid("scheduler"), signal.SIGKILL)
+        thread.join(timeout=10)
+        assert not thread.is_alive() and len(errors) == 1
+        assert errors[0].status_code == 503 and "scheduler" in errors[0].message
+        assert srv.proc.wait(timeout=15) != 0
+        log = srv.log.read_text()
+        assert "the scheduler process was killed by SIGKILL" in log
+        assert "Traceback" not in log, log
+    finally:
+        srv.stop()
