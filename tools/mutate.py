@@ -342,8 +342,12 @@ def measure_baseline(workdir: Path, chapters: list[str]) -> Baseline:
     state.mkdir(exist_ok=True)
     cached, tests_hash = state / "baseline.json", _tests_hash(workdir)
     if cached.exists():
-        baseline = Baseline(**json.loads(cached.read_text()))
-        if baseline.tests_hash == tests_hash and set(chapters) <= set(baseline.chapters):
+        try:
+            baseline = Baseline(**json.loads(cached.read_text()))
+        except TypeError:  # written by an older version of this tool
+            baseline = None
+        if baseline and baseline.tests_hash == tests_hash \
+                and set(chapters) <= set(baseline.chapters):
             return baseline
     rc = state / "coveragerc"
     rc.write_text(f"[run]\ndynamic_context = test_function\nsource = {workdir / PACKAGE}\n"
