@@ -234,3 +234,16 @@ def test_the_gpu_budget_is_the_memory_ratio_less_the_weights(monkeypatch):
     assert Engine._kv_budget(gpu, used_before) == 29 * gib
     cpu = types.SimpleNamespace(device=torch.device("cpu"), config=EngineConfig("any"))
     assert Engine._used_memory(cpu) == 0 and Engine._kv_budget(cpu, 0) == 256 << 20
+
+
+def test_an_engine_with_every_default_on_a_cpu(tiny_models):
+    """All defaults: 64 rows of the model's 512 positions in pages of one token (32,768 pages:
+    256 MiB holds more), and the sampler seeded with 0."""
+    from minisgl.engine.sample import BatchSamplingArgs, Sampler
+
+    engine = Engine(EngineConfig(str(tiny_models["llama3"]), device="cpu"))
+    assert engine.num_pages == 64 * 512 and engine.page_table.shape == (65, 512)
+    torch.manual_seed(0)
+    logits = torch.randn(16, 450)
+    args = BatchSamplingArgs.from_params([SamplingParams(temperature=1.0)] * 16)
+    assert torch.equal(engine.sampler.sample(logits, args), Sampler(seed=0).sample(logits, args))
