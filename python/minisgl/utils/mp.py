@@ -16,10 +16,11 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Dict, Generic, List, Sequence, TypeVar
+from typing import Any, Callable, Dict, Generic, List, Sequence, Tuple, TypeVar
 
 import msgpack
 import zmq
@@ -181,9 +182,8 @@ class Workers:
                 if conn in events:
                     try:
                         conn.recv()
-                    except EOFError:  # it ended without a word: wait for its exit code
-                        self.procs[name].join(5.0)
-                        self.check()
+                    except EOFError:  # it ended without a word
+                        self.check(timeout=5.0)
                     del waiting[name]
         threading.Thread(target=self._watch, name="minisgl-watcher", daemon=True).start()
 
@@ -192,20 +192,26 @@ class Workers:
         """One fd per worker, readable once it has ended: to watch while waiting for replies."""
         return [p.sentinel for p in self.procs.values()]
 
-    def check(self) -> None:
-        """WorkerDied if a worker has ended (unless we are stopping them)."""
-        for name, proc in self.procs.items():
-            if not self._stopping and proc.exitcode is not None:
-                self.failure = self.failure or _death_message(name, proc.exitcode)
-                raise WorkerDied(self.failure)
+    def check(self, timeout: float = 0.0) -> None:
+        """WorkerDied, naming the worker, if one has ended (or ends within ``timeout``), unless
+        we are stopping them."""
+        ended = self._ended(timeout)
+        if ended and not self._stopping:
+            name, proc = ended[0]
+            self.failure = self.failure or _death_message(name, proc.exitcode)
+            raise WorkerDied(self.failure)
 
-    def stop(self, grace: float = 10.0) -> None:
-        """Wait up to ``grace`` seconds for the workers to exit by themselves (after an exit
-        message), then terminate what is left; remove the socket directory."""
-        self._stopping = True
+    def stop(self, send_exit: Callable[[], None] | None = None, grace: float = 10.0) -> None:
+        """Stop every worker: ``send_exit()`` (an exit message) and up to ``grace`` seconds for
+        them to exit by themselves; then SIGTERM what is left. Remove the socket directory."""
+        if self._stopping:
+            return
+        self._stopping = True  # from now on a worker that ends is no failure
+        if send_exit is not None:
+            send_exit()
+        deadline = time.monotonic() + grace  # one grace period for all of them
         for proc in self.procs.values():
-            proc.join(grace)
-            grace = 0.0  # the grace period is shared, not per worker
+            proc.join(max(0.0, deadline - time.monotonic()))
         _end_all(self.procs.values())
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
@@ -215,16 +221,25 @@ class Workers:
                 self._old_handlers[sig] = signal.signal(sig, _exit_on_signal)
         return self
 
-    def __exit__(self, exc_type: Any, *_: Any) -> None:
-        self.stop(grace=0.0 if exc_type else 10.0)  # after an error, no exit message is coming
+    def __exit__(self, *_: Any) -> None:
+        self.stop(grace=0.0)  # an orderly stop called stop(send_exit) already
         for sig, handler in self._old_handlers.items():
             signal.signal(sig, handler)
 
+    def _ended(self, timeout: float | None) -> List[Tuple[str, BaseProcess]]:
+        """The workers that have ended, waiting up to ``timeout`` seconds for one."""
+        ready = wait(self.sentinels, timeout)
+        ended = [(name, p) for name, p in self.procs.items() if p.sentinel in ready]
+        for _, proc in ended:
+            proc.join()  # the sentinel comes a moment before the exit code: wait for it
+        return ended
+
     def _watch(self) -> None:
-        wait(self.sentinels)  # until the first worker ends
+        """The watcher thread: when the first worker ends, unless we are stopping, the others
+        are stopped with a message."""
+        name, proc = self._ended(timeout=None)[0]
         if self._stopping:
             return
-        name, proc = next((n, p) for n, p in self.procs.items() if p.exitcode is not None)
         self.failure = self.failure or _death_message(name, proc.exitcode)
         logger.error("%s: stopping the other workers", self.failure)
         _end_all(self.procs.values())
