@@ -11,6 +11,7 @@ directory made for this run, each message a dataclass turned into a dict and msg
 from __future__ import annotations
 
 import os
+import pprint
 import tempfile
 from typing import Dict, List
 
@@ -49,9 +50,14 @@ def one_message() -> None:
                   sampling_params=SamplingParams(max_tokens=4))
     as_dict = BaseBackendMsg.encoder(msg)
     raw = msgpack.packb(as_dict, use_bin_type=True)
-    print(f"{msg}\n  as a dict: {as_dict}\n  msgpack'd: {len(raw)} bytes")
+    print("a UserMsg as a dict:")
+    print(pprint.pformat(as_dict, width=100, sort_dicts=False))
     back = BaseBackendMsg.decoder(msgpack.unpackb(raw, raw=False))
-    print("  and back:", back)
+    same = (back.uid == msg.uid and back.sampling_params == msg.sampling_params
+            and back.input_ids.dtype == msg.input_ids.dtype
+            and torch.equal(back.input_ids, msg.input_ids))
+    print(f"msgpack'd: {len(raw)} bytes; decoded again: a {type(back).__name__}, "
+          f"equal field by field: {same}")
 
 
 def serve(workers: Workers, send: ZmqPushQueue, recv: ZmqPullQueue,
@@ -87,8 +93,8 @@ def compare(llm: LLM, req: TokenizeMsg, pieces: List[UserReply]) -> str:
         same = ids == ref["token_ids"][:len(ids)] and text == ref["text"].split(req.stop[0])[0]
     else:
         same = ids == ref["token_ids"] and text == ref["text"]
-    return (f"{last.num_prompt_tokens:>2} -> {len(ids):>2} tokens, {last.finish_reason:<6} "
-            f"{text!r}  same as LLM.generate: {same}")
+    return (f"{last.num_prompt_tokens} + {len(ids)} tokens, {last.finish_reason!r}, the same as "
+            f"LLM.generate: {same}\n  {text!r}")
 
 
 if __name__ == "__main__":
@@ -129,6 +135,7 @@ if __name__ == "__main__":
         llm = LLM(path, **OPTIONS)
         print()
         for req in requests:
-            prompt = req.text if len(repr(req.text)) < 30 else f"{repr(req.text)[:26]}...]"
-            print(f"{req.uid} {prompt!r:<30}", compare(llm, req, replies[req.uid]))
+            prompt = "chat: 1 message" if req.uid == 2 else repr(req.text)
+            stop = f", stop {req.stop}" if req.stop else ""
+            print(f"request {req.uid} ({prompt}{stop}): {compare(llm, req, replies[req.uid])}")
         llm.shutdown()

@@ -179,6 +179,11 @@ def test_tokenizer_server_stop_string_eos_and_late_tokens(tiny_models):
     text0 = "".join(r.incremental_output for r in pieces[0])
     assert text0 == ref["text"].split("lazy")[0] and pieces[0][-1].finish_reason == "stop"
     assert [r.finished for r in pieces[0]].count(True) == 1  # later tokens are dropped
+    # a worker that fell behind gets all the steps at once: the same reply, cut at the same token
+    server.handle([TokenizeMsg(3, "Hello world", greedy(10), ["lazy"])])
+    to_backend, [late] = server.handle([DetokenizeMsg(3, t, False) for t in ref["token_ids"]])
+    assert late.incremental_output == text0 and late.finished and to_backend == [AbortBackendMsg(3)]
+    assert late.token_ids == [t for r in pieces[0] for t in r.token_ids]
     text1 = "".join(r.incremental_output for r in pieces[1])
     tok = llm.tokenizer
     assert text1 == tok.decode(ref["token_ids"][:-1])  # the EOS that ended it is not text

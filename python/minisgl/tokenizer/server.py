@@ -78,33 +78,42 @@ class TokenizerServer:
 
     def _detokenize(self, msgs: List[DetokenizeMsg], to_backend: List[BaseBackendMsg],
                     replies: List[UserReply]) -> None:
-        """Every request's new tokens of this batch (one per scheduler step) in one call."""
-        tokens: Dict[int, List[int]] = {}
-        last: Dict[int, DetokenizeMsg] = {}
+        """The scheduler's tokens, one reply per request. A worker that fell behind may hold
+        several steps of a request: they are detokenized step by step (each step one batched
+        call over the requests), so that a stop string ends the reply at the token that
+        completes it, whatever the timing."""
+        queues: Dict[int, List[DetokenizeMsg]] = {}
         for msg in msgs:
             if msg.uid not in self._requests:
                 continue  # aborted (or stopped by a stop string): its late tokens are dropped
             if msg.error:
                 replies.append(UserReply(msg.uid, "", True, msg.finish_reason, error=msg.error))
                 del self._requests[msg.uid]
-                continue
-            tokens.setdefault(msg.uid, []).append(msg.next_token)
-            last[msg.uid] = msg
-        uids = list(tokens)
-        # an EOS that ended the request stays in its token ids but not in its text
-        texts = [tokens[u][:-1] if last[u].finish_reason == "stop" else tokens[u] for u in uids]
-        states = [self._requests[u].state for u in uids]
-        pieces = detokenize(self.tokenizer, states, texts, [last[u].finished for u in uids])
-        for uid, piece, state in zip(uids, pieces, states):
-            at_stop = state.finish_reason == "stop"  # the text reached a stop string
-            finished = last[uid].finished or at_stop
-            replies.append(UserReply(uid, piece, finished,
-                                     "stop" if at_stop else last[uid].finish_reason,
-                                     tokens[uid], self._requests[uid].num_prompt_tokens))
-            if at_stop and not last[uid].finished:
-                to_backend.append(AbortBackendMsg(uid))  # its pages back now, not at max_tokens
-            if finished:
-                del self._requests[uid]
+            else:
+                queues.setdefault(msg.uid, []).append(msg)
+        out = {uid: UserReply(uid, "", False,
+                              num_prompt_tokens=self._requests[uid].num_prompt_tokens)
+               for uid in queues}
+        while queues:
+            step = {uid: queue.pop(0) for uid, queue in queues.items()}
+            states = [self._requests[uid].state for uid in step]
+            # an EOS that ended the request stays in its token ids but not in its text
+            ids = [[] if m.finish_reason == "stop" else [m.next_token] for m in step.values()]
+            pieces = detokenize(self.tokenizer, states, ids, [m.finished for m in step.values()])
+            for (uid, msg), piece, state in zip(step.items(), pieces, states):
+                reply = out[uid]
+                reply.incremental_output += piece
+                reply.token_ids.append(msg.next_token)
+                at_stop = state.finish_reason == "stop"  # the text reached a stop string
+                if msg.finished or at_stop:
+                    reply.finished = True
+                    reply.finish_reason = "stop" if at_stop else msg.finish_reason
+                    if not msg.finished:  # its pages back now, not at max_tokens
+                        to_backend.append(AbortBackendMsg(uid))
+                    del self._requests[uid]
+                    queues[uid].clear()  # any later tokens are past the end
+            queues = {uid: queue for uid, queue in queues.items() if queue}
+        replies.extend(out.values())
 
 
 def tokenizer_worker(model_path: str, inbox_addr: str, backend_addr: str, frontend_addr: str,
