@@ -10,17 +10,19 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from functools import partial
 from multiprocessing.connection import wait
 from typing import Any, Callable
 
 import uvicorn
 
 from minisgl import env
+from minisgl.message import BaseTokenizerMsg, ExitMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerIO, SchedulerLoop
 from minisgl.tokenizer.server import tokenizer_worker
 from minisgl.utils.logger import init_logger
-from minisgl.utils.mp import WorkerDied, Workers
+from minisgl.utils.mp import WorkerDied, Workers, ZmqPushQueue
 
 from .api_server import Frontend, Metrics, SchedulerStats, create_app
 from .args import ServerArgs
@@ -69,14 +71,11 @@ def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> 
 def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) -> None:
     """A thread: once a worker ends while we serve, every request gets a 503 saying which
     died; after a grace period the server stops (and ``launch_server`` exits non-zero)."""
-    ended = wait(workers.sentinels)
+    wait(workers.sentinels)
     if server.should_exit:  # we are stopping anyway: a signal
         return
-    for proc in workers.procs.values():
-        if proc.sentinel in ended:
-            proc.join(5.0)  # its exit code is known once it is reaped
     try:
-        workers.check()
+        workers.check(timeout=5.0)
         message = "a worker ended"
     except WorkerDied as e:  # names the worker and how it ended
         message = str(e)
@@ -102,9 +101,19 @@ def launch_server(args: ServerArgs) -> None:
         pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
         print(f"minisgl: serving {args.model_path} on http://{args.host}:{args.port}; "
               f"workers: {pids}", file=sys.stderr, flush=True)
-        server.run()
+        try:
+            server.run()
+        finally:
+            if frontend.failure is None:  # an orderly stop: the workers exit by themselves
+                workers.stop(send_exit=partial(_send_exit, workers.addr("tokenizer")))
         if frontend.failure is not None:
             raise SystemExit(f"minisgl: {frontend.failure}; the server has stopped")
         if not server.started:
             raise SystemExit(f"minisgl: could not serve on {args.host}:{args.port}")
 
+
+def _send_exit(tokenizer_addr: str) -> None:
+    """The exit message: the tokenizer worker passes it on to the scheduler, and both exit."""
+    queue = ZmqPushQueue(tokenizer_addr, create=False, encoder=BaseTokenizerMsg.encoder)
+    queue.put(ExitMsg())
+    queue.close()
