@@ -65,6 +65,7 @@ class Mutant:
     line: int
     kind: str  # what was changed, as "a -> b"
     source: str  # the whole mutated file
+    statement: int = 0  # the first line of the statement it is in (for choosing tests)
 
     @property
     def key(self) -> str:
@@ -212,6 +213,8 @@ def mutants_of(source: str, path: str) -> list[Mutant]:
     """Every mutant of one file that compiles and differs from it, in the order of the text."""
     tree = ast.parse(source)
     text, skipped = _Text(source), _skipped_nodes(tree)
+    statement_of = {id(n): s.lineno for s in ast.walk(tree) if isinstance(s, ast.stmt)
+                    for n in _own_nodes(s)}
     seen, result = {source}, []
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -226,8 +229,16 @@ def mutants_of(source: str, path: str) -> list[Mutant]:
             except SyntaxError:
                 continue
             line = source.count("\n", 0, start) + 1
-            result.append(Mutant(path, line, kind, mutated))
+            result.append(Mutant(path, line, kind, mutated, statement_of.get(id(node), line)))
     return sorted(result, key=lambda m: (m.line, m.kind))
+
+
+def _own_nodes(statement: ast.stmt) -> Iterator[ast.AST]:
+    """The statement and the nodes inside it that no inner statement holds."""
+    yield statement
+    for child in ast.iter_child_nodes(statement):
+        if not isinstance(child, ast.stmt):
+            yield from ast.walk(child)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,12 +413,15 @@ def _test_id(context: str) -> str:
 
 
 def tests_for(mutant: Mutant, baseline: Baseline, package_tests: list[str]) -> list[str] | None:
-    """The package's tests that run the mutant's line, fastest first. None: no test runs it.
-    A line run while importing (a def, a class attribute) may matter to any test: all run."""
+    """The package's tests that run the mutant's line or its statement's first line (the rest
+    of a statement of several lines may be skipped: ``a and b`` on two lines), fastest first.
+    None: no test runs it. A line run while importing (a def, a class attribute) may matter
+    to any test: all run."""
     files = set(package_tests)
     by_line = baseline.lines.get(mutant.path, {})
-    covering = set(by_line.get(str(mutant.line), []))
-    if mutant.line in baseline.imported.get(mutant.path, []):
+    lines = {mutant.line, mutant.statement}
+    covering = {t for n in lines for t in by_line.get(str(n), [])}
+    if lines & set(baseline.imported.get(mutant.path, [])):
         covering |= {t for t in baseline.durations}
     chosen = [t for t in covering if t.split("::")[0] in files]
     if not chosen:

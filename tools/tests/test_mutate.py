@@ -132,3 +132,10 @@ def test_a_file_a_later_chapter_adds_is_left_out_by_default_and_tested_by_its_ch
     assert mutate.target_files([], repo) == [Path("python/minisgl/llm/llm.py")]
     assert mutate.chapters_of(Path("python/minisgl/llm/server.py"), repo) == ("ch10", "ch12")
     assert mutate.chapters_of(Path("python/minisgl/llm/llm.py"), repo) == ("ch10", "ch12")
+
+
+def test_a_mutant_knows_the_first_line_of_its_statement():
+    source = "ok = (a\n      and b)\nif (x\n        or y):\n    z = [i for i in\n         y]\n"
+    where = {(m.line, m.kind): m.statement for m in mutate.mutants_of(source, "s.py")}
+    assert where[(2, "and -> or")] == 1 and where[(4, "or -> and")] == 3
+    assert where[(5, "statement deleted")] == 5
