@@ -795,6 +795,163 @@ def offsets() -> plt.Figure:
                frameon=False)
     return fig
 
+
+# ---------------------------------------------------------------------------------------- ch12
+def run_lockstep(requests: list) -> list[tuple[str, str, object]]:
+    """The ch12 main's worker classes, TokenizerServer and SchedulerLoop, run in this process in
+    lockstep (no sockets, so no timing): every message (sender, receiver, message) in order."""
+    from minisgl.scheduler import Scheduler, SchedulerConfig
+    from minisgl.scheduler.io import SchedulerLoop
+    from minisgl.tokenizer.server import TokenizerServer
+    from transformers import AutoTokenizer
+
+    main = runpy.run_path(str(TREE / "examples" / "ch12_processes.py"), run_name="figure")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = tiny_model("qwen3", tmp)
+        server = TokenizerServer(AutoTokenizer.from_pretrained(path))
+        loop = SchedulerLoop(Scheduler(SchedulerConfig(path, **main["OPTIONS"])))
+        events: list[tuple[str, str, object]] = [("frontend", "tokenizer", r) for r in requests]
+        inbox = list(requests)
+        while inbox:
+            to_backend, replies = server.handle(inbox)
+            events += [("tokenizer", "scheduler", m) for m in to_backend]
+            events += [("tokenizer", "frontend", m) for m in replies]
+            inbox = [out for m in to_backend for out in loop.handle(m)]
+            phase = loop.scheduler.prefill_manager.runnable and "prefill" or "decode"
+            step = loop.step()
+            if step:
+                events.append(("scheduler", "step", phase))
+            events += [("scheduler", "tokenizer", m) for m in step]
+            inbox += step
+    return events
+
+
+def message_label(msg: object) -> str:
+    """A message as the figure writes it: its class and the fields that matter here."""
+    name = type(msg).__name__
+    if name == "TokenizeMsg":
+        return f"TokenizeMsg(uid={msg.uid}, {msg.text!r}, stop={msg.stop})"
+    if name == "UserMsg":
+        return f"UserMsg(uid={msg.uid}, input_ids={msg.input_ids.tolist()} {msg.input_ids.dtype})"
+    if name == "DetokenizeMsg":
+        end = f", finished, {msg.finish_reason!r}" if msg.finished else ""
+        return f"DetokenizeMsg(uid={msg.uid}, next_token={msg.next_token}{end})"
+    if name == "UserReply":
+        end = f", finished, {msg.finish_reason!r}" if msg.finished else ""
+        return f"UserReply(uid={msg.uid}, {msg.incremental_output!r}, {msg.token_ids}{end})"
+    return f"{name}(uid={msg.uid})"
+
+
+@figure("ch12", "messages")
+def messages() -> plt.Figure:
+    """One request of the ch12 main (the one with a stop string), message by message between the
+    three processes: the frontend, the tokenizer worker and the scheduler."""
+    from minisgl.core import SamplingParams
+    from minisgl.message import TokenizeMsg
+
+    request = TokenizeMsg(1, "Hello world", SamplingParams(max_tokens=10, ignore_eos=True),
+                          stop=["lazy"])
+    events = run_lockstep([request])
+    lanes = {"frontend": 0.0, "tokenizer": 5.0, "scheduler": 10.0}
+    titles = ["frontend (main process)\nbinds …/frontend", "tokenizer worker\nbinds …/tokenizer",
+              "scheduler\nbinds …/scheduler"]
+    rows = len(events)
+    fig, ax = plt.subplots(figsize=(13, 0.42 * rows + 1.6), layout="constrained")
+    fig.suptitle("One request's messages (ch12 main, request 1: 'Hello world', stop ['lazy'])")
+    diagram(ax, 13.2, rows + 1.2)
+    for (x, title) in zip(lanes.values(), titles):
+        ax.plot([x, x], [0.6, rows + 1], color=GREY, linewidth=2, zorder=0)
+        ax.text(x, 0.4, title, ha="center", va="bottom", fontsize=10, fontweight="bold")
+    steps = 0
+    for y, (sender, receiver, msg) in enumerate(events, start=1):
+        if receiver == "step":
+            steps += 1
+            ax.text(lanes["scheduler"] + 0.2, y + 0.5, f"step {steps}: {msg}", va="center",
+                    fontsize=9, color=COLORS[3])
+            continue
+        start, end = lanes[sender], lanes[receiver]
+        color = COLORS[0] if end > start else COLORS[2]
+        arrow(ax, (start, y + 0.5), (end, y + 0.5), color=color)
+        ax.text((start + end) / 2, y + 0.42, message_label(msg), ha="center", va="bottom",
+                fontsize=8.5, family="DejaVu Sans Mono")
+    return fig
+
+# ---------------------------------------------------------------------------------------- ch13
+def request_messages(model: str) -> list[tuple[str, str, str]]:
+    """One streamed request of the ch13 main ("Hello world", stop=["lazy"]) through the real
+    TokenizerServer, SchedulerLoop and the API server's ReplyFormat, driven in this process one
+    scheduler step at a time: (from, to, what) for every message, in order."""
+    from minisgl.core import SamplingParams
+    from minisgl.message import TokenizeMsg, UserMsg
+    from minisgl.scheduler import Scheduler, SchedulerConfig
+    from minisgl.scheduler.io import SchedulerLoop
+    from minisgl.server.api_server import ReplyFormat
+    from minisgl.tokenizer.server import TokenizerServer
+    from transformers import AutoTokenizer
+
+    tokenizer = TokenizerServer(AutoTokenizer.from_pretrained(model))
+    loop = SchedulerLoop(Scheduler(SchedulerConfig(model, device="cpu", page_size=4,
+                                                   num_pages=128)))
+    fmt = ReplyFormat(chat=False, model="qwen3")
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    log = [("client", "api", 'POST /v1/completions {"prompt": "Hello world", "stop": '
+            '["lazy"], "stream": true}'),
+           ("api", "tokenizer", 'TokenizeMsg(uid=0, text="Hello world", stop=["lazy"])')]
+    to_backend, replies = tokenizer.handle([TokenizeMsg(0, "Hello world", params, ["lazy"])])
+    finished = False
+    while not finished:
+        for msg in to_backend:
+            what = (f"UserMsg(uid=0, input_ids={msg.input_ids.tolist()})"
+                    if isinstance(msg, UserMsg) else f"{type(msg).__name__}(uid={msg.uid})")
+            log.append(("tokenizer", "scheduler", what))
+            loop.handle(msg)
+        for reply in replies:
+            log.append(("tokenizer", "api", f"UserReply({reply.incremental_output!r}, "
+                        f"token_ids={reply.token_ids}, finished={reply.finished})"))
+            chunk = fmt.chunk(reply.incremental_output, reply.finish_reason or None)["choices"]
+            text, reason = chunk[0]["text"], chunk[0]["finish_reason"]
+            if text or reply.finished:
+                log.append(("api", "client", f'data: {{"text": {text!r}, "finish_reason": '
+                            f'{reason!r}, ...}}'.replace("'", '"').replace("None", "null")))
+            finished |= reply.finished
+        if finished:
+            break
+        msgs = loop.step()
+        for msg in msgs:
+            log.append(("scheduler", "tokenizer", f"DetokenizeMsg(uid=0, next_token="
+                        f"{msg.next_token}, finished={msg.finished})"))
+        to_backend, replies = tokenizer.handle(msgs)
+    log.append(("api", "client", "data: [DONE]"))
+    loop.scheduler.shutdown()
+    return log
+
+
+@figure("ch13", "request_messages")
+def request_messages_figure() -> plt.Figure:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = request_messages(tiny_model("qwen3", tmp))
+    lanes = {"client": 0, "api": 1, "tokenizer": 2, "scheduler": 3}
+    names = ["HTTP client", "API server (main process)", "tokenizer / detokenizer worker",
+             "scheduler process"]
+    xs = [1.2, 5.2, 9.2, 13.2]
+    fig, ax = plt.subplots(figsize=(13, 0.42 * len(log) + 1.6), layout="constrained")
+    fig.suptitle("One streamed request's messages, in order (the ch13 main's stop=['lazy'] "
+                 "request, one scheduler step at a time)")
+    diagram(ax, 14.4, len(log) + 1.2)
+    for x, name in zip(xs, names):
+        ax.text(x, 0.2, name, ha="center", va="center", fontsize=10, weight="bold")
+        ax.plot([x, x], [0.5, len(log) + 1], color=GREY, linewidth=1)
+    for i, (src, dst, what) in enumerate(log):
+        y = i + 1.0
+        a, b = xs[lanes[src]], xs[lanes[dst]]
+        color = COLORS[{"client": 3, "api": 0, "tokenizer": 1, "scheduler": 2}[src]]
+        arrow(ax, (a, y), (b, y), color=color)
+        left = min(a, b) if abs(b - a) > 4.5 else min(a, b) - 0.1
+        ax.text(left + 0.1, y - 0.12, what, va="bottom", fontsize=7.5, color="#222222",
+                clip_on=False)
+    return fig
+
+
 def draw_in_tree(chapter: str, tree: Path, png: Path | None) -> list[Path]:
     """Draw one chapter's figures with the code of its tree; the files written."""
     global TREE
