@@ -20,6 +20,7 @@ import httpx
 import openai
 import pytest
 import tiny_models as tm
+import torch
 from helpers import ROOT
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -88,6 +89,31 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=20)
+
+
+def test_the_command_line_takes_upstreams_flag_names():
+    from minisgl.scheduler import SchedulerConfig
+    from minisgl.server.args import parse_args
+
+    args = parse_args(["--model-path", "/m", "--host", "0.0.0.0", "--port", "8000", "--dtype",
+                       "bfloat16", "--page-size", "16", "--num-pages", "99", "--memory-ratio",
+                       "0.5", "--max-running-requests", "8", "--max-prefill-length", "256",
+                       "--cache-type", "naive", "--attn", "torch", "--device", "cpu",
+                       "--api-key", "k"])
+    assert (args.model_path, args.host, args.port, args.dtype, args.page_size, args.num_pages,
+            args.memory_ratio, args.max_running_req, args.max_extend_tokens, args.cache_type,
+            args.attention_backend, args.device, args.api_key, args.shell) == \
+        ("/m", "0.0.0.0", 8000, torch.bfloat16, 16, 99, 0.5, 8, 256, "naive", "torch", "cpu",
+         "k", False)
+    config = args.scheduler_config()
+    assert type(config) is SchedulerConfig and (config.page_size, config.num_pages) == (16, 99)
+    plain = parse_args(["--model", "/m"])
+    assert (plain.host, plain.port, plain.dtype, plain.api_key) == ("127.0.0.1", 1919, None, None)
+    for bad in (["--page-size", "0"], ["--port", "70000"], ["--dtype", "int8"], ["--nope"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "/m", *bad])
+    with pytest.raises(SystemExit):
+        parse_args([])  # --model is required
 
 
 @pytest.fixture(scope="module")

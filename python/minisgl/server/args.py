@@ -46,14 +46,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a GPU: the share of free memory for weights and KV cache")
     p.add_argument("--max-running-requests", dest="max_running_req", type=int,
                    default=d.max_running_req, help="requests in flight at once")
-    p.add_argument("--max-prefill-length", dest="max_extend_tokens", type=int,
-                   default=d.max_extend_tokens, help="prompt tokens one prefill forward takes")
+    p.add_argument("--max-prefill-length", "--max-extend-length", dest="max_extend_tokens",
+                   type=int, default=d.max_extend_tokens,
+                   help="prompt tokens one prefill forward takes")
     p.add_argument("--cache-type", choices=["radix", "naive"], default=d.cache_type,
                    help="the prefix cache")
-    p.add_argument("--attn", dest="attention_backend", default=d.attention_backend,
+    p.add_argument("--attn", "--attention-backend", dest="attention_backend",
+                   default=d.attention_backend,
                    help="the attention backend, by name (default: the best for the device)")
     p.add_argument("--device", default=d.device, help="cpu, cuda, or auto")
-    p.add_argument("--shell", action="store_true", help="an interactive shell, not a server")
+    p.add_argument("--shell", "--shell-mode", action="store_true",
+                   help="an interactive shell, not a server")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer API_KEY' on every request")
     return p
