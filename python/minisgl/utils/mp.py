@@ -33,37 +33,42 @@ LINGER_MS = 2000  # how long close() waits for messages not yet sent, so an exit
 logger = init_logger(__name__)
 
 
-def _socket(context: zmq.Context, kind: int, addr: str, create: bool) -> zmq.Socket:
-    socket = context.socket(kind)
-    socket.setsockopt(zmq.LINGER, LINGER_MS)
-    socket.bind(addr) if create else socket.connect(addr)
-    return socket
+class _ZmqQueue:
+    """One ZMQ socket with its own context. ``close`` waits (LINGER_MS at most) for what was
+    put to leave, and removes the socket file if this end bound it."""
+
+    def __init__(self, context: zmq.Context, kind: int, addr: str, create: bool):
+        self.context = context
+        self.socket = context.socket(kind)
+        self.socket.setsockopt(zmq.LINGER, LINGER_MS)
+        self.socket.bind(addr) if create else self.socket.connect(addr)
+        bound_ipc = create and addr.startswith("ipc://")
+        self._bound_file = addr.removeprefix("ipc://") if bound_ipc else None
+
+    def close(self) -> None:
+        self.socket.close()
+        self.context.term()
+        if self._bound_file is not None and os.path.exists(self._bound_file):
+            os.unlink(self._bound_file)
 
 
-class ZmqPushQueue(Generic[T]):
+class ZmqPushQueue(_ZmqQueue, Generic[T]):
     """The sending end: ``put`` queues the message and returns (ZMQ sends it in the background)."""
 
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        self.context = zmq.Context()
-        self.socket = _socket(self.context, zmq.PUSH, addr, create)
+        super().__init__(zmq.Context(), zmq.PUSH, addr, create)
         self.encoder = encoder
 
     def put(self, obj: T) -> None:
         self.socket.send(msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
 
-    def close(self) -> None:
-        """Once what was put has left (or after LINGER_MS)."""
-        self.socket.close()
-        self.context.term()
 
-
-class ZmqPullQueue(Generic[T]):
+class ZmqPullQueue(_ZmqQueue, Generic[T]):
     """The receiving end. ``get`` blocks until a message comes, and can also watch file
     descriptors (a process's sentinel) so that a dead peer wakes it rather than hangs it."""
 
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        self.context = zmq.Context()
-        self.socket = _socket(self.context, zmq.PULL, addr, create)
+        super().__init__(zmq.Context(), zmq.PULL, addr, create)
         self.decoder = decoder
 
     def get(self, timeout: float | None = None, watch: Sequence[int] = ()) -> T | None:
@@ -88,41 +93,27 @@ class ZmqPullQueue(Generic[T]):
             return None
         return self.decoder(msgpack.unpackb(raw, raw=False))
 
-    def close(self) -> None:
-        self.socket.close()
-        self.context.term()
 
-
-class ZmqAsyncPushQueue(Generic[T]):
+class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
     """``ZmqPushQueue`` for an asyncio program (the API server)."""
 
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        self.context = zmq.asyncio.Context()
-        self.socket = _socket(self.context, zmq.PUSH, addr, create)
+        super().__init__(zmq.asyncio.Context(), zmq.PUSH, addr, create)
         self.encoder = encoder
 
     async def put(self, obj: T) -> None:
         await self.socket.send(msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
 
-    def close(self) -> None:
-        self.socket.close()
-        self.context.term()
 
-
-class ZmqAsyncPullQueue(Generic[T]):
+class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
     """``ZmqPullQueue`` for an asyncio program: ``await get()`` lets other tasks run meanwhile."""
 
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        self.context = zmq.asyncio.Context()
-        self.socket = _socket(self.context, zmq.PULL, addr, create)
+        super().__init__(zmq.asyncio.Context(), zmq.PULL, addr, create)
         self.decoder = decoder
 
     async def get(self) -> T:
         return self.decoder(msgpack.unpackb(await self.socket.recv(), raw=False))
-
-    def close(self) -> None:
-        self.socket.close()
-        self.context.term()
 
 
 def parent_sentinel() -> List[int]:
