@@ -343,6 +343,38 @@ def test_sigterm_stops_every_process_with_a_message(tiny_models, tmp_path):
             os.kill(pid, 0)
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's exit status may wait for a reaper)."""
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux's /proc")
+def test_workers_of_a_killed_main_process_exit_and_remove_their_socket_files(tiny_models,
+                                                                               tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(SIGTERM_MAIN.format(python=str(ROOT / "python"),
+                                          path=str(tiny_models["mistral"])))
+    main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(2 * TIMEOUT, main.kill)
+    watchdog.start()
+    try:
+        ipc_dir, *pids = main.stdout.readline().split()
+        assert sorted(os.listdir(ipc_dir)) == ["scheduler", "tokenizer"]
+    finally:
+        watchdog.cancel()
+        main.kill()  # SIGKILL: nothing of it runs any more
+        main.wait()
+    deadline = time.monotonic() + TIMEOUT
+    while any(_running(int(pid)) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(int(pid)) for pid in pids)  # they noticed their parent's end
+    assert os.listdir(ipc_dir) == []  # each removed the file it bound; the directory stays
+    os.rmdir(ipc_dir)
+
+
 def test_the_offline_path_imports_no_server_package():
     code = ("import sys, minisgl.llm, minisgl.scheduler.scheduler, minisgl.tokenizer; "
             "print(sorted({'zmq', 'msgpack'} & set(sys.modules)))")
