@@ -248,6 +248,7 @@ class Frontend:
         self._waiting: Dict[int, asyncio.Queue[UserReply | None]] = {}
         self._uids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
+        self._closed = False
 
     async def start(self) -> None:
         """In the server's event loop: bind the reply socket and route replies from now on."""
@@ -259,6 +260,7 @@ class Frontend:
         self._spawn(self._route_replies())
 
     def close(self) -> None:
+        self._closed = True  # a stream cancelled by the shutdown after this sends no abort
         for task in self._tasks:
             task.cancel()
         self._send.close()
@@ -295,7 +297,8 @@ class Frontend:
                 yield reply
         finally:
             del self._waiting[uid]
-            if not finished and self.failure is None:  # no await here: we may be cancelled
+            if not finished and self.failure is None and not self._closed:
+                # no await in here: we may be cancelled, and a cancelled scope cancels it too
                 self._spawn(self._send.put(AbortMsg(uid)))
             if timing.prompt_tokens:
                 self.metrics.observe(timing)
@@ -426,6 +429,19 @@ async def unless_disconnected(request: Request, work: Any) -> Any:
     return Response(status_code=499)
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A stream that is closed as soon as the response ends, however it ends. When the client
+    leaves while an event is being written, Starlette cancels the send and leaves the generator
+    suspended; closing it here runs its ``finally`` (the abort) now, not whenever it is
+    collected."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[union-attr]
+
+
 async def respond(request: Request, replies: AsyncIterator[UserReply], fmt: ReplyFormat,
                   stream: bool, include_usage: bool) -> Any:
     """The first piece is awaited before any byte is sent, so a refused request still gets
@@ -438,8 +454,8 @@ async def respond(request: Request, replies: AsyncIterator[UserReply], fmt: Repl
     first = await unless_disconnected(request, anext(replies))
     if isinstance(first, Response):
         return first
-    return StreamingResponse(stream_events(first, replies, fmt, include_usage),
-                             media_type="text/event-stream")
+    return ClosingStreamingResponse(stream_events(first, replies, fmt, include_usage),
+                                    media_type="text/event-stream")
 
 
 # ---------------------------------------------------------------- the app
