@@ -1,10 +1,13 @@
-"""``python -m minisgl --model PATH``: serve the model over HTTP."""
+"""``python -m minisgl --model PATH``: serve the model over HTTP; with ``--shell``, chat with it in
+the terminal instead (chapter 14)."""
 
 import sys
 
 from minisgl.server import launch_server, parse_args
+from minisgl.shell import run_shell
 
 args = parse_args(sys.argv[1:])
 if args.shell:
-    sys.exit("minisgl: --shell arrives in chapter 14; run without it to start the HTTP server")
-launch_server(args)
+    run_shell(args)
+else:
+    launch_server(args)
