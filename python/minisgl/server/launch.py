@@ -22,7 +22,7 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerIO, SchedulerLoop
 from minisgl.tokenizer.server import tokenizer_worker
 from minisgl.utils.logger import init_logger
-from minisgl.utils.mp import WorkerDied, Workers, ZmqPushQueue
+from minisgl.utils.mp import Workers, ZmqPushQueue
 
 from .api_server import Frontend, Metrics, SchedulerStats, create_app
 from .args import ServerArgs
@@ -74,11 +74,10 @@ def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) 
     wait(workers.sentinels)
     if server.should_exit:  # we are stopping anyway: a signal
         return
-    try:
-        workers.check(timeout=5.0)
-        message = "a worker ended"
-    except WorkerDied as e:  # names the worker and how it ended
-        message = str(e)
+    deadline = time.monotonic() + 5.0
+    while workers.failure is None and time.monotonic() < deadline:
+        time.sleep(0.01)  # chapter 12's watcher reaps the worker and names it; only it joins
+    message = workers.failure or "a worker process ended"
     logger.error("%s: answering 503 for %.1f s, then stopping", message, env.failure_grace_s())
     frontend.fail(message)
     time.sleep(env.failure_grace_s())
