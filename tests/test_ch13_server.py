@@ -419,3 +419,30 @@ def test_the_scheduler_killed_mid_run_gives_503_then_a_nonzero_exit(model, tmp_p
         assert "Traceback" not in log, log
     finally:
         srv.stop()
+
+
+def test_sigterm_under_load_finishes_the_replies_under_way(model, tmp_path):
+    srv = Server(model, tmp_path / "server.log")
+    try:
+        streams: list = []
+
+        def stream_one(i: int) -> None:
+            out = srv.client().completions.create(model="m", prompt=f"Hello {i}", stream=True,
+                                                  **_greedy(60))
+            streams.append(_stream_text(out)[1])
+
+        threads = [threading.Thread(target=stream_one, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 10
+        while srv.metrics()["minisgl:num_running_reqs"] < 6:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        srv.proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(timeout=20)
+        assert streams == ["length"] * 6  # every reply under way ran to its end
+        assert srv.proc.wait(timeout=20) != 0
+        assert "SIGTERM received" in srv.log.read_text()
+    finally:
+        srv.stop()
