@@ -264,6 +264,7 @@ BAD = [  # (route, body, status, the words the message must hold)
     ("/v1/completions", {"prompt": [1, 2, 512]}, 400, "vocab_size"),
     ("/v1/completions", {"prompt": [1, -2]}, 400, "token ids[1]"),
     ("/v1/completions", {"prompt": [1, 2.5]}, 400, "prompt"),
+    ("/v1/chat/completions", {"messages": CHAT, "max_completion_tokens": 0}, 400, "max_tokens"),
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "user"}]}, 400, "content"),
     ("/v1/completions", b'{"prompt": "Hi", ', 400, "JSON"),

@@ -498,7 +498,8 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
-        params = sampling_params(req, req.max_completion_tokens or req.max_tokens)
+        limit = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
+        params = sampling_params(req, limit)
         replies = frontend.generate(req.messages, params, stop_strings(req.stop))
         return await respond(request, replies, ReplyFormat(True, model), req.stream,
                              _include_usage(req))
