@@ -1,0 +1,120 @@
+"""Chapter 14: the interactive shell.
+
+Runs ``python -m minisgl --model PATH --shell`` in a pseudo-terminal (pexpect), as a person at a
+terminal would, and types into it: two chat turns, /reset, a long reply stopped by Ctrl-C,
+/stats, /exit. Prints the transcript, each reply checked against the offline API on the chat
+template; then what is left of the processes and sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import minisgl
+import pexpect
+import tiny_models
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.tokenizer import tokenize_request
+from transformers.utils import logging
+
+logging.set_verbosity_error()
+FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "128"]
+MAX_TOKENS = 64  # enough for Ctrl-C to land mid-reply; replies are shown cut
+
+
+def start_shell(model: Path, tmp: str) -> pexpect.spawn:
+    env = {**os.environ, "PYTHONPATH": str(Path(minisgl.__file__).parents[1]), "TMPDIR": tmp,
+           "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", "MINISGL_SHELL_TEMPERATURE": "0",
+           "MINISGL_SHELL_MAX_TOKENS": str(MAX_TOKENS)}
+    return pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--shell",
+                                          *FLAGS], env=env, timeout=30, encoding="utf-8")
+
+
+def next_prompt(shell: pexpect.spawn) -> str:
+    """What the shell printed after the typed line, up to its next prompt."""
+    shell.expect_exact(">>> ")
+    time.sleep(0.2)  # prompt_toolkit takes the terminal a moment after drawing the prompt
+    return shell.before.partition("\r\r\n")[2][:-2].replace("\r\n", "\n")
+
+
+def say(shell: pexpect.spawn, line: str) -> str:
+    """Types a line; prints it and the reply (a chat reply quoted and cut)."""
+    shell.sendline(line)
+    reply = next_prompt(shell)
+    if line.startswith("/"):
+        print(f">>> {line}\n" + re.sub(r"cached: \d+", "cached: N", reply))
+        return reply
+    shown = repr(reply[:50]) + (f" ... ({len(reply)} characters)" if len(reply) > 50 else "")
+    print(f">>> {line}\n{shown}")
+    return reply
+
+
+def stat(path: Path) -> list[str]:
+    """A process's state and parent pid, from /proc (["", ""] once it is gone)."""
+    try:
+        return path.read_text().rsplit(")", 1)[1].split()[:2]
+    except OSError:
+        return ["", ""]
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model = tiny_models.make_tiny_model("qwen3", f"{tmp}/qwen3")
+        llm = LLM(str(model), device="cpu", page_size=4, num_pages=128)
+
+        def offline(messages: list) -> str:
+            ids = tokenize_request(llm.tokenizer, messages=messages)
+            return llm.generate([ids], SamplingParams(max_tokens=MAX_TOKENS))[0]["text"]
+
+        sockets = Path(tmp, "sockets")
+        sockets.mkdir()
+        shell = start_shell(model, str(sockets))
+        shell.expect_exact(">>> ")
+        time.sleep(0.2)
+        banner = shell.before.split("\r\n")[0].split("; ", 1)[1]  # without the model's path
+        print(f"(the shell starts: {banner})\n")
+
+        turns = [{"role": "user", "content": "What is the weather today?"}]
+        first = say(shell, turns[0]["content"])
+        turns += [{"role": "assistant", "content": first},
+                  {"role": "user", "content": "And tomorrow?"}]
+        second = say(shell, "And tomorrow?")
+        print(f"  (equal to LLM.generate on the template of all {len(turns)} messages: "
+              f"{[first, second] == [offline(turns[:1]), offline(turns)]})\n")
+        say(shell, "/reset")
+        alone = say(shell, "And tomorrow?")
+        print(f"  (a new conversation: equal to LLM.generate on 1 message: "
+              f"{alone == offline(turns[2:])}; differs from the turn with history: "
+              f"{alone != second})\n")
+
+        shell.sendline("/reset")
+        next_prompt(shell)
+        shell.sendline("Tell me a long story")  # Ctrl-C once its first piece has come
+        shell.expect_exact("Tell me a long story\r\r\n")
+        shell.expect(r"\S")
+        shell.sendintr()
+        print(">>> Tell me a long story   [Ctrl-C as the reply starts]")
+        shell.expect_exact(">>> ")
+        time.sleep(0.2)
+        print(shell.before.splitlines()[-1])
+        stats = say(shell, "/stats")
+        print(f"  (the aborted request's pages are back: {'in use: 0,' in stats})\n")
+
+        workers = [p for p in Path("/proc").glob("[0-9]*/stat") if stat(p)[1] == str(shell.pid)]
+        shell.sendline("/exit")
+        shell.expect(pexpect.EOF)
+        shell.close()
+        print(f">>> /exit\nexit status {shell.exitstatus}; child processes: {len(workers)} "
+              f"before, {sum(stat(p)[0] not in ['', 'Z'] for p in workers)} alive after; "
+              f"files left in the socket directory: {len(list(sockets.iterdir()))}")
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
