@@ -147,6 +147,7 @@ class Workers:
         self.failure: str | None = None  # what ended the first worker that died, if any
         self._ready: Dict[str, Connection] = {}
         self._stopping = False
+        self._reaping = threading.Lock()  # the watcher and check() may both reap one worker
         self._spawn = mp.get_context("spawn")
         self._old_handlers: Dict[int, Any] = {}
 
@@ -221,8 +222,9 @@ class Workers:
         """The workers that have ended, waiting up to ``timeout`` seconds for one."""
         ready = wait(self.sentinels, timeout)
         ended = [(name, p) for name, p in self.procs.items() if p.sentinel in ready]
-        for _, proc in ended:
-            proc.join()  # the sentinel comes a moment before the exit code: wait for it
+        with self._reaping:  # two threads reaping at once: the loser could read exitcode None
+            for _, proc in ended:
+                proc.join()  # the sentinel comes a moment before the exit code: wait for it
         return ended
 
     def _watch(self) -> None:
