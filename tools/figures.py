@@ -1077,7 +1077,7 @@ def turns_figure() -> plt.Figure:
     bottom.step(x, [row["cached"] for row in steps], where="mid", color=COLORS[2],
                 label="pages held only by the prefix cache")
     bottom.set_ylabel("KV pages (4 tokens each)")
-    bottom.set_xlabel("scheduler step")
+    bottom.set_xlabel("scheduler step (and each turn's end)")
     bottom.legend(loc="upper left", fontsize=9)
     bottom.grid(alpha=0.3)
     return fig
