@@ -77,7 +77,7 @@ def main() -> None:
         shell = start_shell(model, str(sockets))
         shell.expect_exact(">>> ")
         time.sleep(0.2)
-        banner = shell.before.split("\r\n")[0].split("; ", 1)[1]  # without the model's path
+        banner = shell.before.split("\r\n")[1]  # the first line has paths and pids
         print(f"(the shell starts: {banner})\n")
 
         turns = [{"role": "user", "content": "What is the weather today?"}]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -35,7 +36,7 @@ class ShellProcess:
         self.child = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model),
                                                     "--shell", *FLAGS],
                                    env=env, timeout=20, encoding="utf-8")
-        self.wait_prompt()
+        self.banner = self.wait_prompt()  # its first line names the workers and their pids
         self.workers = _children(self.child.pid)
         # the scheduler, the tokenizer worker (and multiprocessing's resource tracker)
         assert len(self.workers) >= 2, self.workers
@@ -179,6 +180,21 @@ def test_ctrl_c_stops_the_reply_frees_its_pages_and_the_shell_goes_on(model, tmp
 def test_exit_leaves_with_status_0_and_nothing_behind(shell):
     shell.child.sendline("/exit")
     assert shell.expect_exit() == 0
+
+
+def test_a_dying_worker_stops_the_shell_with_a_message(model, tmp_path):
+    sh = ShellProcess(model, tmp_path, max_tokens=100_000)
+    try:
+        scheduler = int(re.search(r"scheduler \(pid (\d+)\)", sh.banner)[1])
+        sh.child.sendline("Tell me a long story")
+        sh.child.expect(r"\S{8}")  # the reply is under way
+        os.kill(scheduler, signal.SIGKILL)
+        sh.child.expect_exact("minisgl: the scheduler process was killed by SIGKILL; "
+                              "the shell has stopped")
+        assert sh.expect_exit() == 1
+        assert "Traceback" not in sh.child.before
+    finally:
+        sh.child.terminate(force=True)
 
 
 def test_ctrl_d_leaves_with_status_0_and_nothing_behind(model, tmp_path):

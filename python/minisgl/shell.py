@@ -35,7 +35,7 @@ from minisgl.message import (
 from minisgl.server.api_server import SchedulerStats
 from minisgl.server.args import ServerArgs
 from minisgl.server.launch import _send_exit, start_workers
-from minisgl.utils.mp import Workers, ZmqPullQueue, ZmqPushQueue
+from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 
 PROMPT = ">>> "
 HELP = "/reset forgets the conversation, /stats shows the pool, /exit (or Ctrl-D) leaves"
@@ -81,11 +81,11 @@ class ChatClient:
 
     def _replies(self, uid: int) -> List[UserReply]:
         """The next message's pieces of request ``uid``; those of an aborted request that were
-        already on their way are dropped. A dead worker raises ``WorkerDied``."""
+        already on their way are dropped. A dead worker raises ``WorkerDied``, naming it."""
         msg = self._recv.get(watch=self.workers.sentinels)
         if msg is None:  # a worker ended
             self.workers.check(timeout=5.0)
-            raise RuntimeError("a worker ended")
+            raise WorkerDied("a worker ended")
         replies = msg.data if isinstance(msg, BatchFrontendMsg) else [msg]
         return [r for r in replies if isinstance(r, UserReply) and r.uid == uid]
 
@@ -181,9 +181,12 @@ def run_shell(args: ServerArgs) -> None:
         workers.wait_ready(timeout=env.ready_timeout_s())
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again
         client = ChatClient(workers)
-        print(f"minisgl shell: {args.model_path}; {HELP}", flush=True)
+        pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
+        print(f"minisgl shell: {args.model_path}; workers: {pids}\n{HELP}", flush=True)
         try:
             Shell(client, shell_sampling_params(), stats).run(prompt_reader())
+        except WorkerDied as e:  # the watcher has stopped the other workers
+            raise SystemExit(f"minisgl: {e}; the shell has stopped") from None
         finally:
             client.close()
             workers.stop(send_exit=partial(_send_exit, workers.addr("tokenizer")))
