@@ -34,7 +34,7 @@ from minisgl.message import (
 )
 from minisgl.server.api_server import SchedulerStats
 from minisgl.server.args import ServerArgs
-from minisgl.server.launch import _send_exit, start_workers
+from minisgl.server.launch import send_exit_msg, start_workers
 from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 
 PROMPT = ">>> "
@@ -189,4 +189,4 @@ def run_shell(args: ServerArgs) -> None:
             raise SystemExit(f"minisgl: {e}; the shell has stopped") from None
         finally:
             client.close()
-            workers.stop(send_exit=partial(_send_exit, workers.addr("tokenizer")))
+            workers.stop(send_exit=partial(send_exit_msg, workers.addr("tokenizer")))

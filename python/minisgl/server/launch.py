@@ -104,14 +104,14 @@ def launch_server(args: ServerArgs) -> None:
             server.run()
         finally:
             if frontend.failure is None:  # an orderly stop: the workers exit by themselves
-                workers.stop(send_exit=partial(_send_exit, workers.addr("tokenizer")))
+                workers.stop(send_exit=partial(send_exit_msg, workers.addr("tokenizer")))
         if frontend.failure is not None:
             raise SystemExit(f"minisgl: {frontend.failure}; the server has stopped")
         if not server.started:
             raise SystemExit(f"minisgl: could not serve on {args.host}:{args.port}")
 
 
-def _send_exit(tokenizer_addr: str) -> None:
+def send_exit_msg(tokenizer_addr: str) -> None:
     """The exit message: the tokenizer worker passes it on to the scheduler, and both exit."""
     queue = ZmqPushQueue(tokenizer_addr, create=False, encoder=BaseTokenizerMsg.encoder)
     queue.put(ExitMsg())
