@@ -290,7 +290,7 @@ def test_a_killed_worker_stops_the_others_and_leaves_no_socket_file(tiny_models,
             assert len(os.listdir(workers.ipc_dir)) == 3  # frontend, scheduler, tokenizer
             os.kill(workers.procs["scheduler"].pid, signal.SIGKILL)
             assert recv.get(timeout=TIMEOUT, watch=workers.sentinels) is None  # woken
-            workers.procs["tokenizer"].join(TIMEOUT)  # the watcher stops it
+            workers.watcher.join(TIMEOUT)  # it stops the tokenizer and reaps it
             assert workers.procs["tokenizer"].exitcode == -signal.SIGTERM
             workers.check(timeout=5.0)
     recv.close()

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -152,6 +153,27 @@ def test_greedy_completions_equal_llm_generate_with_exact_usage(server, llm):
             == (len(ref["prompt_token_ids"]), 12, len(ref["prompt_token_ids"]) + 12)
 
 
+def test_a_seeded_sampled_completion_equals_llm_generate_whatever_runs_beside_it(server, llm):
+    """A request's seed gives it draws of its own: alone or among others, through the server or
+    offline, the same text; another seed, another text."""
+    sampled = dict(max_tokens=16, temperature=1.0, top_p=0.95)
+    params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, ignore_eos=True, seed=7)
+    ref = llm.generate([PROMPTS[0]], params)[0]["text"]
+    client = server.client()
+
+    def ask(seed: int) -> str:
+        out = client.completions.create(model="m", prompt=PROMPTS[0], seed=seed,
+                                        extra_body={"ignore_eos": True}, **sampled)
+        return out.choices[0].text
+
+    with ThreadPoolExecutor(4) as pool:  # three unseeded requests beside a seeded one
+        beside = [pool.submit(client.completions.create, model="m", prompt=p,
+                              extra_body={"ignore_eos": True}, **sampled) for p in PROMPTS[1:4]]
+        assert ask(7) == ref
+        [f.result(timeout=60) for f in beside]
+    assert ask(7) == ref and ask(8) != ref
+
+
 def test_chat_equals_the_offline_api_on_the_chat_template(server, llm):
     ids = tokenize_request(llm.tokenizer, messages=CHAT)
     ref = llm.generate([ids], SamplingParams(max_tokens=40))[0]
@@ -255,7 +277,7 @@ BAD = [  # (route, body, status, the words the message must hold)
     ("/v1/completions", {"prompt": "Hi", "stop": [""]}, 400, "stop"),
     ("/v1/completions", {"prompt": "Hi", "n": 2}, 400, "n=2"),
     ("/v1/completions", {"prompt": "Hi", "logprobs": 3}, 400, "logprobs"),
-    ("/v1/completions", {"prompt": "Hi", "temperature": 0.5, "seed": 3}, 400, "seed"),
+    ("/v1/completions", {"prompt": "Hi", "temperature": 0.5, "seed": -1}, 400, "seed"),
     ("/v1/chat/completions", {"messages": CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/completions", {"prompt": ""}, 400, "empty"),
     ("/v1/completions", {"prompt": []}, 400, "empty"),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import List, Sequence
 
 import torch
 
@@ -19,6 +19,7 @@ class BatchSamplingArgs:
     top_p: torch.Tensor  # float32
     greedy: torch.Tensor  # bool
     all_greedy: bool  # no row samples: skip the softmax and the draw
+    row_seeds: List[int | None] = field(default_factory=list)  # per row: its own draw's seed
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams],
@@ -60,7 +61,9 @@ class Sampler:
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
-        return BatchSamplingArgs.from_params([r.sampling_params for r in batch.reqs], self.device)
+        args = BatchSamplingArgs.from_params([r.sampling_params for r in batch.reqs], self.device)
+        args.row_seeds = [row_seed(r.sampling_params.seed, len(r.output_ids)) for r in batch.reqs]
+        return args
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: [B, V] -> token ids [B] (int64)."""
@@ -70,4 +73,15 @@ class Sampler:
         probs = torch.softmax(logits.float() / args.temperatures[:, None], dim=-1)
         probs = top_k_top_p_filter(probs, args.top_k, args.top_p)
         drawn = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)
+        for row, seed in enumerate(args.row_seeds):
+            if seed is not None:  # a request with a seed draws alone: the batch cannot change it
+                own = torch.Generator(device=self.device).manual_seed(seed)
+                drawn[row] = torch.multinomial(probs[row], 1, generator=own)[0]
         return torch.where(args.greedy, greedy_ids, drawn)
+
+
+def row_seed(seed: int | None, step: int) -> int | None:
+    """The seed of a request's draw at its ``step``-th new token, from its own seed and the
+    step: a request repeats its tokens in any batch, and each step draws afresh. It stays in 32
+    bits, since torch's CPU generator keeps only the low 32 bits of a seed."""
+    return None if seed is None else (seed * 1_000_003 + step) % 2**32

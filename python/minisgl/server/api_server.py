@@ -141,14 +141,11 @@ def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
     for name, value in (req.model_extra or {}).items():
         if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
             raise APIError(400, f"{name}={value!r} is not supported by this server", param=name)
-    if req.seed is not None and req.temperature > 0:
-        raise APIError(400, "seed is not supported when sampling: the engine's sampler is seeded "
-                       "once, at start", param="seed")
     if max_tokens is None:
         max_tokens = 1 << 30  # as many as the context leaves (the scheduler cuts it)
     try:
         return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                              max_tokens=max_tokens, ignore_eos=req.ignore_eos)
+                              max_tokens=max_tokens, ignore_eos=req.ignore_eos, seed=req.seed)
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split()[0]) from None
 

@@ -177,7 +177,8 @@ class Workers:
                     except EOFError:  # it ended without a word
                         self.check(timeout=5.0)
                     del waiting[name]
-        threading.Thread(target=self._watch, name="minisgl-watcher", daemon=True).start()
+        self.watcher = threading.Thread(target=self._watch, name="minisgl-watcher", daemon=True)
+        self.watcher.start()  # it reaps the workers: join it, not them, to read their exit codes
 
     @property
     def sentinels(self) -> List[int]:

@@ -17,6 +17,7 @@ class SamplingParams:
     top_p: float = 1.0  # keep the most likely tokens until their probability reaches top_p
     max_tokens: int = 128  # new tokens at most
     ignore_eos: bool = False  # go on past the end-of-sequence token
+    seed: int | None = None  # draws of its own, whatever the batch; None: the sampler's
 
     def __post_init__(self) -> None:
         # "not x >= 0" rather than "x < 0": NaN is refused too
@@ -28,6 +29,8 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.seed is not None and not 0 <= self.seed < 2**31:
+            raise ValueError(f"seed must be in [0, 2**31), got {self.seed}")
 
     @property
     def is_greedy(self) -> bool:
