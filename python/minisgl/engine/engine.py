@@ -37,12 +37,12 @@ class Engine:
         self.ctx = Context(page_size=config.page_size)
         set_global_ctx(self.ctx)
 
-        self.num_pages = self._determine_num_pages(used_before)
+        asked_len = config.max_seq_len or self.model_config.max_position_embeddings
+        self.num_pages = self._determine_num_pages(used_before, asked_len)
         self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
             self.model_config, self.num_pages + 1, config.page_size, self.dtype, self.device)
         num_slots = self.num_pages * config.page_size
-        self.max_seq_len = min(config.max_seq_len or self.model_config.max_position_embeddings,
-                               num_slots)
+        self.max_seq_len = min(asked_len, num_slots)
         # row max_running_req is the dummy request's, pointing at the dummy page; whole pages
         width = div_ceil(self.max_seq_len, config.page_size) * config.page_size
         self.ctx.page_table = self.page_table = torch.zeros(
@@ -71,14 +71,14 @@ class Engine:
         return 2 * c.num_layers * self.config.page_size * kv_heads * c.head_dim * nbytes(
             self.dtype)
 
-    def _determine_num_pages(self, used_before: int) -> int:
+    def _determine_num_pages(self, used_before: int, max_seq_len: int) -> int:
         """``config.num_pages``, or as many pages as the budget holds (on a GPU the share
         ``memory_ratio`` of its memory less the weights, on a CPU ``cpu_kv_bytes``), but no more
         than ``max_running_req`` requests of ``max_seq_len`` tokens can ever fill."""
         num_pages = self.config.num_pages
         if num_pages is None:
             by_budget = self._kv_budget(used_before) // self.bytes_per_page()
-            num_pages = min(by_budget, self._most_pages_needed())
+            num_pages = min(by_budget, self._most_pages_needed(max_seq_len))
         if num_pages < 1:
             raise ValueError("no memory left for the KV cache: give num_pages or more memory")
         logger.info("KV cache: %d pages of %d tokens", num_pages, self.config.page_size)
@@ -92,9 +92,8 @@ class Engine:
         weights = total - free_memory(self.device) - used_before
         return int(self.config.memory_ratio * (total - used_before)) - weights
 
-    def _most_pages_needed(self) -> int:
+    def _most_pages_needed(self, max_seq_len: int) -> int:
         """Pages that every row of the page table, filled to ``max_seq_len``, would hold."""
-        max_seq_len = self.config.max_seq_len or self.model_config.max_position_embeddings
         return self.config.max_running_req * div_ceil(max_seq_len, self.config.page_size)
 
     def prepare_batch(self, batch: Batch) -> None:
