@@ -40,6 +40,7 @@ class Options:
     cumulative: bool = False
     use_cache: bool = True
     against: Path | None = None  # a learner's tree: DIR/python holds their package
+    no_skip: bool = False  # CI: a CPU chapter whose packages are missing fails, never skips
 
 
 @dataclass
@@ -68,6 +69,9 @@ def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
         return Result(chapter, "skip", "needs a GPU")
     missing = runner.missing_needs(chapter)
     if missing and not options.static:
+        if options.no_skip:
+            result.fail("needs", "missing", f"needs {', '.join(missing)}, not installed")
+            return result
         return Result(chapter, "skip", f"needs {', '.join(missing)}")
     if options.against is None:
         _check_closure(book, chapter, result)

@@ -72,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--cumulative", action="store_true", help="every test up to the chapter")
     chk.add_argument("--against", type=Path, metavar="DIR", help="a learner's tree")
     chk.add_argument("--junit", type=Path, metavar="FILE")
+    chk.add_argument("--no-skip", action="store_true",
+                     help="a CPU chapter whose packages are missing fails instead of skipping")
     rec = commands.add_parser("record", help="re-run mains and rewrite their main.out")
     rec.add_argument("chapters", nargs="+")
     mat = commands.add_parser("matrix", help="GitHub Actions matrix JSON")
@@ -185,7 +187,8 @@ def cmd_check(book: Book, args: argparse.Namespace) -> int:
     chapters = parse_selection(book, args.chapters)
     against = _learner_tree(book, args.against) if args.against else None
     options = check.Options(static=args.static, cumulative=args.cumulative,
-                            use_cache=not args.no_cache, against=against)
+                            use_cache=not args.no_cache, against=against,
+                            no_skip=args.no_skip)
     results = check.check_book(book, chapters, options, args.jobs, sys.stderr)
     print(check.summary_table(results), end="")
     _print_forwards(results)

@@ -149,6 +149,15 @@ def test_a_missing_module_need_is_a_skip_not_a_failure(book):
     assert "skipped: needs no_such_module_here" in done.stdout
 
 
+def test_no_skip_fails_a_cpu_chapter_whose_needs_are_missing(book):
+    _set(book, "ch03", needs=["no_such_module_here"])
+    done = steps(book, "check", "3", "--no-skip")
+    assert done.returncode == 1, done.stdout
+    assert "needs no_such_module_here, not installed" in done.stdout + done.stderr
+    _set(book, "ch03", needs=[], requires="gpu")  # no GPU here: still a skip, not a failure
+    assert steps(book, "check", "3", "--no-skip").returncode == 0
+
+
 def test_a_tolerance_compares_numbers_within_it(book):
     write_files(book, {"examples/ch03_count.py": "print(f'max error {2.4e-07:.1e}')\n",
                        "chapters/ch03_count/main.out": "max error 3.1e-07\n",
