@@ -1,0 +1,226 @@
+"""Chapter 16: the Triton kernels (KV store, paged decode and extend attention) against torch.
+
+On a CPU they run in Triton's interpreter on small shapes; on CUDA also at Qwen3-0.6B's shapes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Tuple
+
+if not Path("/dev/nvidia0").exists():  # no GPU: interpret; it must be chosen before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from minisgl.attention.utils import attend  # noqa: E402
+from minisgl.kernel import decode_attention, extend_attention, store_kv  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+
+
+def kv_pool(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+            device: str, gen: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Random K and V caches, [num_slots, Hkv, D] each, interleaved in one buffer so that a slot's
+    stride is twice its size: a kernel that assumes contiguous slots reads the wrong ones."""
+    buffer = torch.randn(num_slots, 2, num_kv_heads, head_dim, generator=gen).to(device, dtype)
+    return buffer[:, 0], buffer[:, 1]
+
+
+def page_table_for(lens: List[int], page_size: int, num_pages: int, gen: torch.Generator,
+                   device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A page table whose requests own pages scattered at random in the pool, in rows picked at
+    random among 2 * B -> (page_table [2 * B, width] int32, rows [B] int32)."""
+    width = max(lens) + 5
+    pages = torch.randperm(num_pages, generator=gen).tolist()
+    table = torch.full((2 * len(lens), width), -1, dtype=torch.int32)
+    rows = torch.randperm(2 * len(lens), generator=gen)[: len(lens)]
+    for row, length in zip(rows.tolist(), lens):
+        owned = [pages.pop() for _ in range(-(-length // page_size))]
+        pos = torch.arange(length)
+        table[row, :length] = torch.tensor(owned)[pos // page_size] * page_size + pos % page_size
+    return table.to(device), rows.to(torch.int32).to(device)
+
+
+def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
+              rows: torch.Tensor, cached: List[int], extend: List[int]) -> torch.Tensor:
+    """Each request's new tokens by ``attend`` over the K and V gathered through its row."""
+    outs = []
+    for q_req, row, c, e in zip(q.split(extend), rows.tolist(), cached, extend):
+        slots = table[row, : c + e].long()
+        outs.append(attend(q_req, k_cache[slots], v_cache[slots], c))
+    return torch.cat(outs)
+
+
+def run_decode(lens: List[int], heads: Tuple[int, int], head_dim: int, page_size: int,
+               splits: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    num_pages = sum(-(-n // page_size) for n in lens) + 7
+    k_cache, v_cache = kv_pool(num_pages * page_size, heads[1], head_dim, dtype, device, gen)
+    table, rows = page_table_for(lens, page_size, num_pages, gen, device)
+    q = torch.randn(len(lens), heads[0], head_dim, generator=gen).to(device, dtype)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = decode_attention(q, k_cache, v_cache, table, rows, seq_lens, head_dim**-0.5,
+                           num_kv_splits=splits)
+    ref = reference(q, k_cache, v_cache, table, rows, [n - 1 for n in lens], [1] * len(lens))
+    return out, ref
+
+
+def run_extend(cached: List[int], extend: List[int], heads: Tuple[int, int], head_dim: int,
+               page_size: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    lens = [c + e for c, e in zip(cached, extend)]
+    num_pages = sum(-(-n // page_size) for n in lens) + 7
+    k_cache, v_cache = kv_pool(num_pages * page_size, heads[1], head_dim, dtype, device, gen)
+    table, rows = page_table_for(lens, page_size, num_pages, gen, device)
+    # q as the model makes it: a strided view of a wider projection
+    qkv = torch.randn(sum(extend), heads[0] + 3, head_dim, generator=gen).to(device, dtype)
+    q = qkv[:, : heads[0]]
+    as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
+    starts = torch.tensor([0] + extend[:-1]).cumsum(0).tolist()
+    out = extend_attention(q, k_cache, v_cache, table, rows, as_tensor(cached), as_tensor(extend),
+                           as_tensor(starts), max(extend), head_dim**-0.5)
+    return out, reference(q, k_cache, v_cache, table, rows, cached, extend)
+
+
+# ---------------------------------------------------------------- store_kv
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_store_kv_writes_exactly_the_given_slots(index_dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    k_cache, v_cache = kv_pool(40, 2, 24, torch.float32, "cpu", gen)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    qkv = torch.randn(6, 4 + 2 + 2, 24, generator=gen)  # k and v strided, as split from qkv
+    k, v = qkv[:, 4:6], qkv[:, 6:8]
+    out_loc = torch.tensor([37, 0, 5, 22, 23, 11], dtype=index_dtype)
+    store_kv(k_cache, v_cache, out_loc, k, v)
+    before_k[out_loc.long()], before_v[out_loc.long()] = k, v
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
+
+
+def test_store_kv_with_no_tokens_is_a_no_op() -> None:
+    k_cache, v_cache = kv_pool(8, 1, 16, torch.float32, "cpu", torch.Generator().manual_seed(0))
+    before = k_cache.clone()
+    empty = torch.empty(0, 1, 16)
+    store_kv(k_cache, v_cache, torch.empty(0, dtype=torch.int32), empty, empty)
+    assert torch.equal(k_cache, before)
+
+
+# ---------------------------------------------------------------- decode
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 2)])
+def test_decode_matches_reference(page_size: int, heads: Tuple[int, int]) -> None:
+    # length 1, a few keys, several blocks; 8 splits leave the short requests' later splits empty
+    out, ref = run_decode([1, 6, 70, 33], heads, 16, page_size, splits=8)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_many_pages_and_odd_head_dim() -> None:
+    out, ref = run_decode([300, 2, 129], (4, 1), 80, page_size=3, splits=4)  # 100 pages of 3
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("splits", [1, 2, 64])
+def test_decode_any_number_of_splits(splits: int) -> None:
+    out, ref = run_decode([45, 1, 97], (4, 2), 32, page_size=5, splits=splits, seed=3)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- extend
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 16])
+@pytest.mark.parametrize("heads", [(2, 2), (4, 2), (8, 2)])
+def test_extend_matches_reference(page_size: int, heads: Tuple[int, int]) -> None:
+    # a prefill, prefix hits (one of them decode-like), and a request spanning three query blocks
+    out, ref = run_extend([0, 7, 40, 0, 65], [70, 20, 1, 2, 33], heads, 16, page_size)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_extend_many_pages_and_odd_head_dim() -> None:
+    out, ref = run_extend([150, 0], [40, 64], (4, 1), 96, page_size=3, seed=5)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_extend_of_one_token_equals_decode() -> None:
+    """A decode step is an extend of one token over the cached prefix: both kernels agree."""
+    gen = torch.Generator().manual_seed(7)
+    lens, heads, dim = [1, 19, 50], (4, 2), 16
+    k_cache, v_cache = kv_pool(80, heads[1], dim, torch.float32, "cpu", gen)
+    table, rows = page_table_for(lens, 4, 20, gen, "cpu")
+    q = torch.randn(len(lens), heads[0], dim, generator=gen)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    ones = torch.ones(len(lens), dtype=torch.int32)
+    dec = decode_attention(q, k_cache, v_cache, table, rows, seq_lens, 0.3, num_kv_splits=3)
+    ext = extend_attention(q, k_cache, v_cache, table, rows, seq_lens - 1, ones,
+                           torch.arange(len(lens), dtype=torch.int32), 1, 0.3)
+    torch.testing.assert_close(dec, ext, atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- CUDA, real shapes
+
+REAL_HEADS, REAL_DIM = (16, 8), 128  # Qwen3-0.6B
+
+
+def _tolerance(dtype: torch.dtype) -> dict:
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_decode_real_shapes(dtype: torch.dtype) -> None:
+    lens = torch.randint(1, 4097, (64,), generator=torch.Generator().manual_seed(0)).tolist()
+    lens[:3] = [1, 4096, 17]
+    out, ref = run_decode(lens, REAL_HEADS, REAL_DIM, 16, splits=16, dtype=dtype, device="cuda")
+    torch.testing.assert_close(out, ref, **_tolerance(dtype))
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_extend_real_shapes(dtype: torch.dtype) -> None:
+    gen = torch.Generator().manual_seed(1)
+    cached = torch.randint(0, 2048, (16,), generator=gen).tolist()
+    extend = torch.randint(1, 1025, (16,), generator=gen).tolist()
+    cached[:3], extend[:3] = [0, 0, 3000], [4096, 1, 1]
+    out, ref = run_extend(cached, extend, REAL_HEADS, REAL_DIM, 16, dtype=dtype, device="cuda")
+    torch.testing.assert_close(out, ref, **_tolerance(dtype))
+
+
+@on_cuda
+def test_cuda_store_kv_real_shapes() -> None:
+    gen = torch.Generator().manual_seed(2)
+    k_cache, v_cache = kv_pool(8192, 8, 128, torch.bfloat16, "cuda", gen)
+    before_k = k_cache.clone()
+    out_loc = torch.randperm(8192, generator=gen)[:1000].cuda()
+    k = torch.randn(1000, 8, 128, generator=gen).to("cuda", torch.bfloat16)
+    store_kv(k_cache, v_cache, out_loc, k, k + 1)
+    before_k[out_loc] = k
+    assert torch.equal(k_cache, before_k) and torch.equal(v_cache[out_loc], k + 1)
+
+
+@on_cuda
+def test_cuda_decode_in_a_cuda_graph() -> None:
+    """Captured once, replayed with other lengths: no host sync, and the splits follow seq_lens."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [900, 3, 2000, 64]
+    k_cache, v_cache = kv_pool(4096, 8, 128, torch.bfloat16, "cuda", gen)
+    table, rows = page_table_for(lens, 16, 4096 // 16, gen, "cuda")
+    q = torch.randn(4, 16, 128, generator=gen).to("cuda", torch.bfloat16)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    args = (q, k_cache, v_cache, table, rows, seq_lens, 128**-0.5)
+    decode_attention(*args)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(*args)
+    seq_lens.copy_(torch.tensor([1, 3, 1000, 64]))
+    graph.replay()
+    torch.testing.assert_close(out, decode_attention(*args), atol=0, rtol=0)
+    ref = reference(q, k_cache, v_cache, table, rows, [0, 2, 999, 63], [1] * 4)
+    torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
