@@ -20,6 +20,9 @@ class EngineConfig:
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # "torch"; "auto": the best one for the device
     seed: int = 0  # of the sampler's generator
+    dummy_weights: bool = False  # random weights on the device, from config.json alone
+    profile_steps: bool = False  # time each step's phases (synchronizes at their edges)
+    nvtx: bool = False  # NVTX ranges around the phases, for Nsight Systems (CUDA only)
 
     def __post_init__(self) -> None:
         if self.page_size < 1:

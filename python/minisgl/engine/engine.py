@@ -10,7 +10,7 @@ from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import load_model
 from minisgl.utils.logger import init_logger
 from minisgl.utils.misc import div_ceil, div_even, get_tp_info
-from minisgl.utils.torch_utils import free_memory, nbytes, resolve_device
+from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_device
 
 from .config import EngineConfig
 from .sample import Sampler
@@ -31,7 +31,8 @@ class Engine:
         self.config = config
         self.device = resolve_device(config.device)
         used_before = self._used_memory()
-        self.model = load_model(config.model_path, self.device, config.dtype)
+        self.model = load_model(config.model_path, self.device, config.dtype,
+                                dummy=config.dummy_weights)
         self.model_config = self.model.config
         self.dtype = config.dtype or self.model_config.dtype
         self.ctx = Context(page_size=config.page_size)
@@ -58,6 +59,8 @@ class Engine:
 
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
+        # where a step's time goes (chapter 15); the scheduler times its own phases with it
+        self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
 
     def _used_memory(self) -> int:
         if self.device.type != "cuda":
@@ -116,14 +119,17 @@ class Engine:
         Afterwards every request's new tokens count as cached (``cached_len = device_len``).
         """
         with use_global_ctx(self.ctx), self.ctx.forward_batch(batch):  # ours, should there be two
-            self.prepare_batch(batch)
+            with self.timer.phase("prepare"):
+                self.prepare_batch(batch)
             assert batch.input_ids is not None and batch.positions is not None
-            logits = self.model.forward(batch.input_ids, batch.positions)  # [T, V]
-        ends = torch.tensor([r.extend_len for r in batch.reqs], device=self.device).cumsum(0)
-        last_logits = logits[ends - 1].float()  # each request's last position: [B, V]
-        for req in batch.reqs:
-            req.complete_forward()
-        return self.sampler.sample(last_logits, self.sampler.prepare(batch))
+            with self.timer.phase(f"forward {batch.phase}"):  # a decode step's own figure
+                logits = self.model.forward(batch.input_ids, batch.positions)  # [T, V]
+        with self.timer.phase("sample"):
+            ends = torch.tensor([r.extend_len for r in batch.reqs], device=self.device).cumsum(0)
+            last_logits = logits[ends - 1].float()  # each request's last position: [B, V]
+            for req in batch.reqs:
+                req.complete_forward()
+            return self.sampler.sample(last_logits, self.sampler.prepare(batch))
 
     def shutdown(self) -> None:
         """Nothing to release on a CPU; later chapters free CUDA graphs and process groups."""

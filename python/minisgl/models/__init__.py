@@ -40,18 +40,32 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> BaseLLMModel:
+               dtype: torch.dtype | None = None, dummy: bool = False) -> BaseLLMModel:
     """Read config.json, build the model in the checkpoint's dtype (or ``dtype``) on ``device``,
-    and fill it from the checkpoint's safetensors."""
+    and fill it from the checkpoint's safetensors; with ``dummy``, with random values instead
+    (``fill_dummy_weights``: no safetensors needed, for benchmarks of a model's shape)."""
     model_dir = resolve_model_dir(path)
     config = ModelConfig.from_dict(read_hf_config(model_dir))
     with torch.device(device), _default_dtype(dtype or config.dtype):
         model = create_model(config)  # every torch.empty now has this dtype and device
+    if dummy:
+        fill_dummy_weights(model)
+        return model
     try:  # streamed: one merged tensor in memory at a time, copied in as it arrives
         model.load_state_dict(load_weights(model_dir, config))
     except ValueError as e:  # say which checkpoint: the model's message names the tensor
         raise ValueError(f"checkpoint {str(model_dir)!r} does not fit the model: {e}") from e
     return model
+
+
+@torch.inference_mode()
+def fill_dummy_weights(model: BaseLLMModel, std: float = 0.02, seed: int = 0) -> None:
+    """Every weight drawn from N(0, std^2) where it lies, in its own dtype: the weights are made
+    on the device itself (no host copy), and the same seed gives the same weights."""
+    for tensor in model.state_dict().values():
+        generator = torch.Generator(tensor.device).manual_seed(seed)
+        tensor.normal_(0.0, std, generator=generator)
+        seed += 1  # a stream of its own per tensor: equal-shaped weights differ
 
 
 def _one_sequence_context(model: BaseLLMModel, length: int, device: torch.device) -> Context:
@@ -92,5 +106,5 @@ def generate_greedy_recompute(model: BaseLLMModel, token_ids: Sequence[int], n: 
     return ids[len(token_ids):]
 
 
-__all__ = ["BaseLLMModel", "ModelConfig", "create_model", "generate_greedy_recompute",
-           "get_model_class", "load_model", "sequence_logits"]
+__all__ = ["BaseLLMModel", "ModelConfig", "create_model", "fill_dummy_weights",
+           "generate_greedy_recompute", "get_model_class", "load_model", "sequence_logits"]

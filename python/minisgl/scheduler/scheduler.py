@@ -59,14 +59,17 @@ class Scheduler:
 
     def step(self) -> StepOutput | None:
         """Schedule one batch (prefill first), run it, and process its tokens. None when idle."""
-        batch = (self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
-                 or self.decode_manager.schedule_next_batch())
-        if batch is None:
-            return None
-        extend_lens = [r.extend_len for r in batch.reqs]
-        self.cache_manager.allocate(batch.reqs)
-        next_tokens = self.engine.forward_batch(batch).tolist()
-        finished = self._process_tokens(batch, next_tokens)
+        timer = self.engine.timer  # off by default: then its phases cost nothing
+        with timer.phase("schedule"):
+            batch = (self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
+                     or self.decode_manager.schedule_next_batch())
+            if batch is None:
+                return None
+            extend_lens = [r.extend_len for r in batch.reqs]
+            self.cache_manager.allocate(batch.reqs)
+        next_tokens = self.engine.forward_batch(batch)
+        with timer.phase("process"):
+            finished = self._process_tokens(batch, next_tokens.tolist())
         return StepOutput(batch.phase, [r.uid for r in batch.reqs], extend_lens, finished)
 
     def run_until_idle(self) -> List[Req]:
