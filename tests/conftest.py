@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Iterator, Mapping
 
-import pytest
+# Without a GPU, Triton kernels run in Triton's interpreter, which must be chosen before any test
+# module imports triton (conftest is imported first).
+if not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))  # tiny_models.py, as the mains import it

@@ -7,13 +7,23 @@ Scores are kept in base 2 (scaled by log2(e)) because exp2 is the GPU's native e
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634  # log2(e): exp(x) == exp2(x * LOG2E)
+
+# Tile sizes and launch options, for 16-bit inputs and for float32 (exact dots, no tensor cores).
+# Checked free of register spills on sm_90 with ptxas (float32 extend spills a little, and only
+# serves the identity tests); benchmark/bench_attention.py --sweep times the alternatives.
+DECODE_TILES = {
+    "16bit": dict(BLOCK_N=32, num_warps=4, num_stages=2),
+    "float32": dict(BLOCK_N=32, num_warps=8, num_stages=2),
+}
+EXTEND_TILES = {
+    "16bit": dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=2),
+    "float32": dict(BLOCK_M=32, BLOCK_N=32, num_warps=8, num_stages=1),
+}
 
 
 @triton.jit
@@ -128,38 +138,56 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+def _check_rows_contiguous(*tensors: torch.Tensor) -> None:
+    # The kernels step along the head dimension by 1; every other dimension goes by its stride.
+    assert all(x.stride(-1) == 1 for x in tensors), "the head dimension must be contiguous"
+
+
+def _tiles(table: dict, dtype: torch.dtype) -> dict:
+    return table["float32" if dtype == torch.float32 else "16bit"]
+
+
+def default_num_kv_splits(batch: int, num_kv_heads: int) -> int:
+    """Splits enough for about 1024 stage-1 programs (an H200 has 132 SMs), 2 to 32 of them:
+    few requests need many splits to keep every SM reading, many requests need few."""
+    wanted = triton.cdiv(1024, batch * num_kv_heads)
+    return min(32, max(2, triton.next_power_of_2(wanted)))
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
-                     sm_scale: float, num_kv_splits: int = 16) -> torch.Tensor:
+                     sm_scale: float, num_kv_splits: int | None = None) -> torch.Tensor:
     """Each request's one new token attends over all its tokens; its K and V are already stored.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, D]; page_table: [rows, width] int32;
     rows: [B] the page-table row of each request; seq_lens: [B] int32, >= 1, tokens to attend
-    (the new one included) -> [B, Hq, D]. No host sync, and every shape depends only on B and the
-    arguments, so the call can be captured in a CUDA graph.
+    (the new one included); num_kv_splits: by default from B -> [B, Hq, D]. No host sync, and
+    every shape depends only on B and the arguments, so the call can be captured in a CUDA graph.
     """
     batch, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
+    num_kv_splits = num_kv_splits or default_num_kv_splits(batch, num_kv_heads)
+    _check_rows_contiguous(q, k_cache, v_cache)
     group = num_qo_heads // num_kv_heads
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot wants at least 16 rows
-    block_n = 64 if q.dtype != torch.float32 else 32
     block_d = triton.next_power_of_2(head_dim)
+    tiles = _tiles(DECODE_TILES, q.dtype)
     mid_o = q.new_empty((batch, num_qo_heads, num_kv_splits, head_dim), dtype=torch.float32)
     mid_lse = q.new_empty((batch, num_qo_heads, num_kv_splits), dtype=torch.float32)
-    o = torch.empty_like(q)
+    o = q.new_empty(q.shape)
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
         q, k_cache, v_cache, page_table, rows, seq_lens, mid_o, mid_lse, sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        head_dim, GROUP=group, NUM_SPLITS=num_kv_splits, BLOCK_H=block_h, BLOCK_N=block_n,
-        BLOCK_D=block_d, PRECISION=_precision(q.dtype), num_warps=4, num_stages=2,
+        head_dim, GROUP=group, NUM_SPLITS=num_kv_splits, BLOCK_H=block_h, BLOCK_D=block_d,
+        PRECISION=_precision(q.dtype), **tiles,
     )
     _decode_combine_kernel[(batch, num_qo_heads)](
         mid_o, mid_lse, o, seq_lens,
         mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         o.stride(0), o.stride(1), head_dim,
-        NUM_SPLITS=num_kv_splits, BLOCK_N=block_n, BLOCK_D=block_d,
+        NUM_SPLITS=num_kv_splits, BLOCK_N=tiles["BLOCK_N"], BLOCK_D=block_d,
     )
     return o
 
@@ -228,9 +256,10 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """
     num_tokens, num_qo_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
-    block_m, block_n, warps = (128, 64, 8) if q.dtype != torch.float32 else (32, 32, 4)
-    o = torch.empty_like(q)
-    grid = (rows.shape[0], num_qo_heads, math.ceil(max_extend_len / block_m))
+    _check_rows_contiguous(q, k_cache, v_cache)
+    tiles = _tiles(EXTEND_TILES, q.dtype)
+    o = q.new_empty(q.shape)  # contiguous, whatever q's strides
+    grid = (rows.shape[0], num_qo_heads, triton.cdiv(max_extend_len, tiles["BLOCK_M"]))
     if num_tokens == 0 or max_extend_len == 0:
         return o
     _extend_kernel[grid](
@@ -238,8 +267,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), o.stride(0), o.stride(1), page_table.stride(0),
-        head_dim, GROUP=num_qo_heads // num_kv_heads, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=triton.next_power_of_2(head_dim), PRECISION=_precision(q.dtype),
-        num_warps=warps, num_stages=2,
+        head_dim, GROUP=num_qo_heads // num_kv_heads, BLOCK_D=triton.next_power_of_2(head_dim),
+        PRECISION=_precision(q.dtype), **tiles,
     )
     return o
