@@ -124,14 +124,12 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def request_latencies(sent: float, token_times: Sequence[float]) -> Dict[str, float]:
-    """What a streaming client sees of one request, from the time it was sent and the time each
-    token arrived: TTFT (to the first token), TPOT (mean gap between the following tokens; 0 for
-    one token) and E2E (to the last)."""
-    ttft = token_times[0] - sent
-    gaps = len(token_times) - 1
-    tpot = (token_times[-1] - token_times[0]) / gaps if gaps else 0.0
-    return {"ttft": ttft, "tpot": tpot, "e2e": token_times[-1] - sent}
+def request_latencies(sent: float, first: float, last: float, num_tokens: int) -> Dict[str, float]:
+    """What a streaming client sees of one request sent at ``sent``, whose first token arrived at
+    ``first`` and its last (the ``num_tokens``-th) at ``last``: TTFT, the time to the first token;
+    TPOT, the mean time per output token after it (0 for one token); E2E, the whole request."""
+    tpot = (last - first) / (num_tokens - 1) if num_tokens > 1 else 0.0
+    return {"ttft": first - sent, "tpot": tpot, "e2e": last - sent}
 
 
 def show_workload() -> None:
@@ -165,9 +163,9 @@ def show_floor(hbm_gbps: float = 4800.0) -> None:
 
 
 def show_latencies() -> None:
-    sent, arrivals = 0.0, [0.25, 0.30, 0.36, 0.40, 0.45]  # seconds: one request's stream
-    print("\none streamed request:", {k: round(v, 4) for k, v in
-                                      request_latencies(sent, arrivals).items()})
+    sent, arrivals = 0.0, [0.25, 0.30, 0.36, 0.40, 0.45]  # seconds: one request's five tokens
+    one = request_latencies(sent, arrivals[0], arrivals[-1], len(arrivals))
+    print("\none streamed request:", {k: round(v, 4) for k, v in one.items()})
     ttfts = [0.12, 0.08, 0.30, 0.11, 0.09, 0.10, 0.95, 0.13, 0.10, 0.12]
     print("TTFT of ten requests: p50", round(percentile(ttfts, 50), 4),
           "p90", round(percentile(ttfts, 90), 4), "p99", round(percentile(ttfts, 99), 4))

@@ -244,9 +244,10 @@ def test_percentiles_match_numpy():
 
 
 def test_request_latencies():
-    got = request_latencies(10.0, [10.3, 10.4, 10.6, 10.7])
+    got = request_latencies(10.0, 10.3, 10.7, 4)  # tokens at 10.3, ..., 10.7: 3 gaps
     assert got == pytest.approx({"ttft": 0.3, "tpot": 0.4 / 3, "e2e": 0.7})
-    assert request_latencies(0.0, [0.2]) == pytest.approx({"ttft": 0.2, "tpot": 0.0, "e2e": 0.2})
+    assert request_latencies(0.0, 0.2, 0.2, 1) == pytest.approx(
+        {"ttft": 0.2, "tpot": 0.0, "e2e": 0.2})
 
 
 def test_shapes_load_as_configs(tmp_path):
