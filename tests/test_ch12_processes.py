@@ -227,11 +227,13 @@ def served(tiny_models):
         recv = _start(workers, path, **OPTIONS)
         send = ZmqPushQueue(workers.addr("tokenizer"), create=False,
                             encoder=BaseTokenizerMsg.encoder)
-        yield path, workers, send, recv
-        workers.stop(send_exit=lambda: send.put(ExitMsg()), grace=TIMEOUT)
-        assert [p.exitcode for p in workers.procs.values()] == [0, 0]  # exited on the message
-        send.close()
-        recv.close()
+        try:
+            yield path, workers, send, recv
+            workers.stop(send_exit=lambda: send.put(ExitMsg()), grace=TIMEOUT)
+            assert [p.exitcode for p in workers.procs.values()] == [0, 0]  # on the message
+        finally:  # closed even when an assertion fails
+            send.close()
+            recv.close()
     assert not os.path.exists(workers.ipc_dir)
 
 
@@ -319,6 +321,44 @@ if __name__ == "__main__":
         print(workers.ipc_dir, *[p.pid for p in workers.procs.values()], flush=True)
         time.sleep(60)
 """
+
+
+CYCLE_MAIN = """
+import gc, os, sys
+sys.path[:0] = [{python!r}]
+from minisgl.message import BaseFrontendMsg
+from minisgl.utils.mp import Workers, ZmqPullQueue
+
+def failing_test():
+    with Workers():
+        recv = ZmqPullQueue("ipc://{path}", create=True, decoder=BaseFrontendMsg.decoder)
+        raise AssertionError("a test failed with its queue open")
+
+def run():
+    try:
+        failing_test()
+    except AssertionError as e:
+        failure = e  # its traceback holds this frame, which holds it: a cycle, as pytest keeps
+
+run()
+print("open", os.path.exists({path!r}), flush=True)
+gc.collect()  # the queue is collected inside the cycle
+print("closed", not os.path.exists({path!r}), flush=True)
+"""
+
+
+def test_a_queue_left_open_by_a_failure_is_closed_when_collected(tmp_path):
+    """A test that fails inside ``with Workers()`` leaves its queue in a reference cycle. The
+    collector must close it (its socket file goes) and not hang in the context's term()."""
+    script = tmp_path / "cycle.py"
+    script.write_text(CYCLE_MAIN.format(python=str(ROOT / "python"), path=str(tmp_path / "q")))
+    try:
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the collector hung on the open queue: {e.stdout!r}")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["open", "True", "closed", "True"]
 
 
 def test_sigterm_stops_every_process_with_a_message(tiny_models, tmp_path):

@@ -18,6 +18,7 @@ import tempfile
 import threading
 import time
 import traceback
+import weakref
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Callable, Dict, Generic, List, Sequence, Tuple, TypeVar
@@ -35,7 +36,14 @@ logger = init_logger(__name__)
 
 class _ZmqQueue:
     """One ZMQ socket with its own context. ``close`` waits (LINGER_MS at most) for what was
-    put to leave, and removes the socket file if this end bound it."""
+    put to leave, and removes the socket file if this end bound it.
+
+    A queue never left open is closed when it is collected too, or at exit. Without that, a
+    queue dropped inside a reference cycle (a failed test's traceback holds its frame) could
+    hang the collector: pyzmq's ``Context.__del__`` closes the sockets it knows through weak
+    references, which the collector has already cleared, then terminates the context, which
+    waits for ever for the socket still open. A ``weakref.finalize`` runs before that.
+    """
 
     def __init__(self, context: zmq.Context, kind: int, addr: str, create: bool):
         self.context = context
@@ -44,12 +52,19 @@ class _ZmqQueue:
         self.socket.bind(addr) if create else self.socket.connect(addr)
         bound_ipc = create and addr.startswith("ipc://")
         self._bound_file = addr.removeprefix("ipc://") if bound_ipc else None
+        self._closer = weakref.finalize(self, _close_socket, self.socket, self._bound_file)
 
     def close(self) -> None:
-        self.socket.close()
-        self.context.term()
-        if self._bound_file is not None and os.path.exists(self._bound_file):
-            os.unlink(self._bound_file)
+        """Close the socket and its context; a second call does nothing."""
+        self._closer()
+
+
+def _close_socket(socket: zmq.Socket, bound_file: str | None) -> None:
+    """The socket first: terminating a context waits until each of its sockets is closed."""
+    socket.close()
+    socket.context.term()
+    if bound_file is not None and os.path.exists(bound_file):
+        os.unlink(bound_file)
 
 
 class ZmqPushQueue(_ZmqQueue, Generic[T]):
