@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from minisgl.attention.utils import attend  # noqa: E402
 from minisgl.kernel import decode_attention, extend_attention, store_kv  # noqa: E402
+from minisgl.kernel.attention import DECODE_TILES  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -55,7 +56,7 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tab
 
 
 def run_decode(lens: List[int], heads: Tuple[int, int], head_dim: int, page_size: int,
-               splits: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               splits: int | None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     num_pages = sum(-(-n // page_size) for n in lens) + 7
@@ -124,6 +125,19 @@ def test_decode_matches_reference(page_size: int, heads: Tuple[int, int]) -> Non
 
 def test_decode_many_pages_and_odd_head_dim() -> None:
     out, ref = run_decode([300, 2, 129], (4, 1), 80, page_size=3, splits=4)  # 100 pages of 3
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_lengths_ending_on_a_split_boundary() -> None:
+    """Each split holds one block here, so the first empty split starts exactly at seq_len: the
+    combine must not read it (its buffer row is never written)."""
+    block = DECODE_TILES["float32"]["BLOCK_N"]
+    out, ref = run_decode([2 * block, block, 3 * block], (4, 2), 16, page_size=4, splits=4)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_default_splits() -> None:
+    out, ref = run_decode([77, 1], (2, 1), 16, page_size=2, splits=None)  # splits from the batch
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
