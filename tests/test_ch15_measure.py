@@ -161,10 +161,30 @@ def test_timer_off_costs_nothing(monkeypatch):
     with off.phase("forward"):
         pass
     assert syncs == [] and off.counts == {}
+    assert off.phase("forward") is off.phase("sample")  # one shared do-nothing context
     on = StepTimer(enabled=True, device=cuda)
     with on.phase("forward"):
         pass
     assert syncs == [cuda, cuda] and on.counts == {"forward": 1}
+
+
+def test_nvtx_ranges_without_timing(monkeypatch):
+    """nvtx alone names each phase for Nsight Systems, and neither synchronizes nor times."""
+    syncs, ranges = [], []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: syncs.append(device))
+    monkeypatch.setattr(torch.cuda.nvtx, "range", lambda name: ranges.append(name) or _null())
+    timer = StepTimer(device=torch.device("cuda"), nvtx=True)
+    for name in ("schedule", "forward decode"):
+        with timer.phase(name):
+            pass
+    assert ranges == ["schedule", "forward decode"] and syncs == [] and timer.counts == {}
+    assert not StepTimer(device=torch.device("cpu"), nvtx=True).nvtx  # CUDA only
+
+
+def _null():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def test_engine_phases_per_step(tiny_models):

@@ -1083,6 +1083,53 @@ def turns_figure() -> plt.Figure:
     return fig
 
 
+# ---------------------------------------------------------------------------------------- ch15
+@figure("ch15", "workload_floor")
+def workload_floor() -> plt.Figure:
+    """nano-vllm's workload as ch15's main draws it, and the bandwidth floor of a decode step of
+    Qwen3-0.6B in bf16 on an H200 (4,800 GB/s) by batch size, from the main's arithmetic."""
+    from ch15_measure import (
+        SHAPES,
+        decode_floor_s,
+        kv_bytes_per_token,
+        nano_vllm_workload,
+        weight_bytes,
+    )
+
+    prompts, params = nano_vllm_workload()
+    ins, outs = [len(p) for p in prompts], [p.max_tokens for p in params]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
+    fig.suptitle("The benchmark's workload, and the fastest a decode step can be")
+    bins = list(range(100, 1025, 50)) + [1025]
+    left.hist([ins, outs], bins=bins, color=COLORS[:2],
+              label=[f"input: {sum(ins):,} tokens", f"output: {sum(outs):,} tokens"])
+    left.set_xlabel("tokens per sequence")
+    left.set_ylabel("sequences")
+    left.set_title("nano-vllm's 256 sequences (random.seed(0)):\nlengths uniform in 100..1024",
+                   fontsize=10)
+    left.legend(fontsize=9)
+    config = SHAPES["qwen3-0.6b"]
+    weights, kv = weight_bytes(config), kv_bytes_per_token(config)
+    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    for color, context in zip(COLORS[2:], (256, 1024, 2048)):
+        rates = [b / decode_floor_s(weights, kv, b * context, 4.8e12) for b in batches]
+        right.plot(batches, rates, "o-", color=color, label=f"every sequence at {context:,} "
+                   "tokens of context")
+    weights_only = [b / decode_floor_s(weights, kv, 0, 4.8e12) for b in batches]
+    right.plot(batches, weights_only, "--", color=GREY, label="weights alone (no KV read)")
+    right.set_xscale("log", base=2)
+    right.set_yscale("log")
+    right.set_xticks(batches, [str(b) for b in batches])
+    right.set_xlabel("sequences decoded together (batch size)")
+    right.set_ylabel("output tokens/s at the floor")
+    right.set_title(f"Qwen3-0.6B in bf16 ({weights / 1e9:.2f} GB of weights, "
+                    f"{kv / 1024:.0f} KiB of KV a token),\nan H200 reading 4,800 GB/s",
+                    fontsize=10)
+    right.legend(fontsize=9)
+    right.grid(alpha=0.3, which="both")
+    return fig
+
+
 def draw_in_tree(chapter: str, tree: Path, png: Path | None) -> list[Path]:
     """Draw one chapter's figures with the code of its tree; the files written."""
     global TREE
