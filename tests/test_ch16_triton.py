@@ -208,6 +208,17 @@ def test_cuda_extend_real_shapes(dtype: torch.dtype) -> None:
 
 
 @on_cuda
+@pytest.mark.parametrize("head_dim", [64, 96])
+def test_cuda_other_head_dims(head_dim: int) -> None:
+    out, ref = run_decode([1, 700, 2049], (16, 4), head_dim, 16, splits=None,
+                          dtype=torch.bfloat16, device="cuda")
+    torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
+    out, ref = run_extend([0, 300], [1000, 129], (16, 4), head_dim, 16, dtype=torch.bfloat16,
+                          device="cuda")
+    torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
+
+
+@on_cuda
 def test_cuda_store_kv_real_shapes() -> None:
     gen = torch.Generator().manual_seed(2)
     k_cache, v_cache = kv_pool(8192, 8, 128, torch.bfloat16, "cuda", gen)

@@ -204,7 +204,8 @@ def _extend_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    b, h, block = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    b, h = tl.program_id(0), tl.program_id(1)
+    block = tl.num_programs(2) - 1 - tl.program_id(2)  # the longest blocks first: a short tail
     extend_len = tl.load(extend_lens + b)
     if block * BLOCK_M >= extend_len:  # the grid is sized for the longest request
         return
