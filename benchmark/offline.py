@@ -90,6 +90,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hbm-gbps", type=float, default=4800.0, help="4800: an H200")
     p.add_argument("--profile", metavar="DIR", default=None)
     p.add_argument("--nvtx", action="store_true")
+    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
+                   help="0: no CUDA graphs; default: the engine's (256 on a GPU)")
     return p.parse_args()
 
 
@@ -126,10 +128,12 @@ def report(name: str, params: Sequence[SamplingParams], seconds: float) -> None:
 
 def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.shape else None)
+    graph_option = {} if args.cuda_graph_max_bs is None else {
+        "cuda_graph_max_bs": args.cuda_graph_max_bs}  # chapter 17's option
     return LLM(model_dir, device=args.device, dtype=dtype, dummy_weights=bool(args.shape),
                page_size=args.page_size, attention_backend=args.attn,
                max_running_req=args.max_running_req, max_seq_len=args.max_seq_len,
-               max_extend_tokens=args.max_extend_tokens, nvtx=args.nvtx)
+               max_extend_tokens=args.max_extend_tokens, nvtx=args.nvtx, **graph_option)
 
 
 def run_minisgl(args: argparse.Namespace, model_dir: str) -> None:

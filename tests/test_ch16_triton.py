@@ -20,6 +20,7 @@ from minisgl.kernel.attention import DECODE_TILES  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+DEVICE = "cuda" if CUDA else "cpu"  # the small shapes run on the GPU too where there is one
 
 
 def kv_pool(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
@@ -56,7 +57,7 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tab
 
 
 def run_decode(lens: List[int], heads: Tuple[int, int], head_dim: int, page_size: int,
-               splits: int | None, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               splits: int | None, dtype: torch.dtype = torch.float32, device: str = DEVICE,
                seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     num_pages = sum(-(-n // page_size) for n in lens) + 7
@@ -71,7 +72,7 @@ def run_decode(lens: List[int], heads: Tuple[int, int], head_dim: int, page_size
 
 
 def run_extend(cached: List[int], extend: List[int], heads: Tuple[int, int], head_dim: int,
-               page_size: int, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               page_size: int, dtype: torch.dtype = torch.float32, device: str = DEVICE,
                seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     lens = [c + e for c, e in zip(cached, extend)]
@@ -94,21 +95,21 @@ def run_extend(cached: List[int], extend: List[int], heads: Tuple[int, int], hea
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 def test_store_kv_writes_exactly_the_given_slots(index_dtype: torch.dtype) -> None:
     gen = torch.Generator().manual_seed(1)
-    k_cache, v_cache = kv_pool(40, 2, 24, torch.float32, "cpu", gen)
+    k_cache, v_cache = kv_pool(40, 2, 24, torch.float32, DEVICE, gen)
     before_k, before_v = k_cache.clone(), v_cache.clone()
-    qkv = torch.randn(6, 4 + 2 + 2, 24, generator=gen)  # k and v strided, as split from qkv
+    qkv = torch.randn(6, 4 + 2 + 2, 24, generator=gen).to(DEVICE)  # k, v strided: from qkv
     k, v = qkv[:, 4:6], qkv[:, 6:8]
-    out_loc = torch.tensor([37, 0, 5, 22, 23, 11], dtype=index_dtype)
+    out_loc = torch.tensor([37, 0, 5, 22, 23, 11], dtype=index_dtype, device=DEVICE)
     store_kv(k_cache, v_cache, out_loc, k, v)
     before_k[out_loc.long()], before_v[out_loc.long()] = k, v
     assert torch.equal(k_cache, before_k) and torch.equal(v_cache, before_v)
 
 
 def test_store_kv_with_no_tokens_is_a_no_op() -> None:
-    k_cache, v_cache = kv_pool(8, 1, 16, torch.float32, "cpu", torch.Generator().manual_seed(0))
+    k_cache, v_cache = kv_pool(8, 1, 16, torch.float32, DEVICE, torch.Generator().manual_seed(0))
     before = k_cache.clone()
-    empty = torch.empty(0, 1, 16)
-    store_kv(k_cache, v_cache, torch.empty(0, dtype=torch.int32), empty, empty)
+    empty = torch.empty(0, 1, 16, device=DEVICE)
+    store_kv(k_cache, v_cache, torch.empty(0, dtype=torch.int32, device=DEVICE), empty, empty)
     assert torch.equal(k_cache, before)
 
 
@@ -167,14 +168,14 @@ def test_extend_of_one_token_equals_decode() -> None:
     """A decode step is an extend of one token over the cached prefix: both kernels agree."""
     gen = torch.Generator().manual_seed(7)
     lens, heads, dim = [1, 19, 50], (4, 2), 16
-    k_cache, v_cache = kv_pool(80, heads[1], dim, torch.float32, "cpu", gen)
-    table, rows = page_table_for(lens, 4, 20, gen, "cpu")
-    q = torch.randn(len(lens), heads[0], dim, generator=gen)
-    seq_lens = torch.tensor(lens, dtype=torch.int32)
-    ones = torch.ones(len(lens), dtype=torch.int32)
+    k_cache, v_cache = kv_pool(80, heads[1], dim, torch.float32, DEVICE, gen)
+    table, rows = page_table_for(lens, 4, 20, gen, DEVICE)
+    q = torch.randn(len(lens), heads[0], dim, generator=gen).to(DEVICE)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    ones = torch.ones(len(lens), dtype=torch.int32, device=DEVICE)
     dec = decode_attention(q, k_cache, v_cache, table, rows, seq_lens, 0.3, num_kv_splits=3)
     ext = extend_attention(q, k_cache, v_cache, table, rows, seq_lens - 1, ones,
-                           torch.arange(len(lens), dtype=torch.int32), 1, 0.3)
+                           torch.arange(len(lens), dtype=torch.int32, device=DEVICE), 1, 0.3)
     torch.testing.assert_close(dec, ext, atol=1e-5, rtol=1e-5)
 
 
@@ -249,3 +250,105 @@ def test_cuda_decode_in_a_cuda_graph() -> None:
     torch.testing.assert_close(out, decode_attention(*args), atol=0, rtol=0)
     ref = reference(q, k_cache, v_cache, table, rows, [0, 2, 999, 63], [1] * 4)
     torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
+
+
+# ---------------------------------------------------------------- the engine with the kernels
+
+
+def _generate(path, backend: str, prompts, n: int, device: str = "cpu", **options):
+    from helpers import greedy
+    from minisgl.llm import LLM
+
+    llm = LLM(str(path), device=device, page_size=3, num_pages=64, max_running_req=4,
+              attention_backend=backend, **options)
+    return [out["token_ids"] for out in llm.generate(prompts, greedy(n))], llm
+
+
+def test_engine_with_triton_equals_the_reference(tiny_models) -> None:
+    """Prefills split in chunks of 8 tokens beside decode steps, and a prompt whose prefix is
+    cached: every batch shape the scheduler makes, through the kernels, gives torch's tokens."""
+    shared = list(range(40, 52))
+    prompts = [shared + [7, 8], [3, 1, 4, 1, 5], shared + [9]]
+    options = {"max_extend_tokens": 8}
+    ours, llm = _generate(tiny_models["qwen3"], "triton", prompts, 3, **options)
+    ref, _ = _generate(tiny_models["qwen3"], "torch", prompts, 3, **options)
+    assert ours == ref
+    assert llm.scheduler.cache_manager.prefix_cache.size_info.total_size > 0  # the hit happened
+
+
+def _tiny_config(path: Path):  # type: ignore[no-untyped-def]
+    from minisgl.models.config import ModelConfig
+    from minisgl.utils.hf import read_hf_config
+
+    return ModelConfig.from_dict(read_hf_config(path))
+
+
+def test_hybrid_routes_each_batch_by_its_phase(tiny_models) -> None:
+    from minisgl.attention import HybridAttnBackend, create_attention_backend
+    from minisgl.attention.base import BaseAttnBackend
+    from minisgl.core import Batch, Req, SamplingParams
+
+    class Spy(BaseAttnBackend):
+        def __init__(self) -> None:
+            self.seen: List[str] = []
+
+        def prepare_metadata(self, batch: Batch) -> None:
+            self.seen.append(f"prepare {batch.phase}")
+
+        def forward(self, q, k, v, layer_id, batch):  # type: ignore[no-untyped-def]
+            self.seen.append(f"forward {batch.phase}")
+            return q
+
+    prefill, decode = Spy(), Spy()
+    hybrid = HybridAttnBackend(prefill, decode)
+    req = Req(0, [1, 2], SamplingParams())
+    for phase in ("prefill", "decode", "prefill"):
+        batch = Batch([req], phase)  # type: ignore[arg-type]
+        hybrid.prepare_metadata(batch)
+        hybrid.forward(torch.zeros(1), torch.zeros(1), torch.zeros(1), 0, batch)
+    assert prefill.seen == ["prepare prefill", "forward prefill"] * 2
+    assert decode.seen == ["prepare decode", "forward decode"]
+
+    made = create_attention_backend("triton,torch", _tiny_config(tiny_models["qwen3"]), "cpu")
+    assert type(made.prefill).__name__ == "TritonAttnBackend"  # type: ignore[attr-defined]
+    assert type(made.decode).__name__ == "TorchAttnBackend"  # type: ignore[attr-defined]
+
+
+def test_backend_names(tiny_models) -> None:
+    from minisgl.attention import auto_backend, create_attention_backend
+
+    assert auto_backend(torch.device("cpu")) == "torch"
+    for bad in ("flash", "triton,torch,torch", "triton,"):
+        with pytest.raises(ValueError, match="attention backend"):
+            create_attention_backend(bad, _tiny_config(tiny_models["qwen3"]), "cpu")
+
+
+def test_lm_head_sees_only_the_sampled_rows(tiny_models) -> None:
+    """A prefill of 7 + 3 + 32 tokens computes 3 rows of logits; a decode step one per request;
+    the whole-sequence entry point (chapters 2-4) still gets every row."""
+    from helpers import greedy, hf_logits
+    from minisgl.models import load_model, sequence_logits
+
+    _, llm = _generate(tiny_models["qwen3"], "torch", [[1] * 3], 1)
+    head = llm.scheduler.engine.model.lm_head
+    rows_seen: List[int] = []
+    forward = head.forward
+    head.forward = lambda x: rows_seen.append(x.shape[0]) or forward(x)  # type: ignore
+    llm.generate([[5] * 7, [6] * 3, list(range(32))], greedy(2))
+    assert rows_seen == [3, 3]
+    model = load_model(tiny_models["qwen3"])
+    ids = list(range(20, 29))
+    torch.testing.assert_close(sequence_logits(model, ids), hf_logits(tiny_models["qwen3"], ids),
+                               atol=1e-4, rtol=1e-4)
+
+
+@on_cuda
+@pytest.mark.parametrize("family", ["llama3", "qwen2", "qwen3", "mistral", "qwen2bytes"])
+def test_cuda_greedy_equals_transformers(tiny_models, family: str) -> None:
+    """float32 on the GPU, through the kernels (Triton dots in IEEE precision): transformers'
+    tokens exactly."""
+    from helpers import hf_greedy
+
+    prompts = [[1, 5, 9, 200, 17, 3, 8], [4, 4, 4], list(range(30, 130))]
+    ours, _ = _generate(tiny_models[family], "triton", prompts, 12, device="cuda")
+    assert ours == hf_greedy(tiny_models[family], prompts, 12)

@@ -75,6 +75,13 @@ class Req:
         return self.input_ids + self.output_ids
 
     @property
+    def new_ids(self) -> List[int]:
+        """The tokens the next forward runs, positions cached_len .. device_len - 1, sliced from
+        the prompt and the output without joining them (``all_ids`` copies both every step)."""
+        n, start, end = len(self.input_ids), self.cached_len, self.device_len
+        return self.input_ids[start:end] + self.output_ids[max(start - n, 0) : max(end - n, 0)]
+
+    @property
     def extend_len(self) -> int:
         """How many tokens the next forward runs for this request."""
         return self.device_len - self.cached_len
@@ -119,6 +126,8 @@ class Batch:
     input_ids: torch.Tensor | None = field(default=None, repr=False)
     positions: torch.Tensor | None = field(default=None, repr=False)
     out_loc: torch.Tensor | None = field(default=None, repr=False)
+    # the new tokens whose logits are sampled (each request's last); None: every token's
+    logits_rows: torch.Tensor | None = field(default=None, repr=False)
     attn_metadata: Any = field(default=None, repr=False)  # the attention backend's, per batch
 
     @property

@@ -17,6 +17,8 @@ class BaseAttnBackend(ABC):
     runs in every layer: it writes the new tokens' K and V into the KV cache, then attends.
     """
 
+    supports_cuda_graph = False  # whether its decode can be captured in a CUDA graph (ch17)
+
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None: ...
 
@@ -24,3 +26,8 @@ class BaseAttnBackend(ABC):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
                 batch: Batch) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D], the batch's T new tokens -> [T, Hq, D]."""
+
+    def init_graph_buffers(self, max_bs: int) -> None:
+        """Before CUDA graphs are captured (chapter 17): from now on put a decode batch's
+        metadata, up to ``max_bs`` requests, in fixed buffers, where a replayed graph reads it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot run in a CUDA graph")

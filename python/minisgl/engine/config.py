@@ -23,11 +23,15 @@ class EngineConfig:
     dummy_weights: bool = False  # random weights on the device, from config.json alone
     profile_steps: bool = False  # time each step's phases (synchronizes at their edges)
     nvtx: bool = False  # NVTX ranges around the phases, for Nsight Systems (CUDA only)
+    # decode batches up to this size run as CUDA graphs; None: 256 on a GPU, none on a CPU
+    cuda_graph_max_bs: int | None = None
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages is not None and self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
+            raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")
         if self.max_running_req < 1:
             raise ValueError(f"max_running_req must be >= 1, got {self.max_running_req}")

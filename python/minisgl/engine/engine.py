@@ -13,6 +13,7 @@ from minisgl.utils.misc import div_ceil, div_even, get_tp_info
 from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_device
 
 from .config import EngineConfig
+from .graph import GraphRunner
 from .sample import Sampler
 
 logger = init_logger(__name__)
@@ -61,6 +62,24 @@ class Engine:
         self.sampler = Sampler(self.device, seed=config.seed)
         # where a step's time goes (chapter 15); the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
+        self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
+                                        self._graph_max_bs(), self.device)
+        if self.graph_runner.max_bs and self.device.type == "cuda":
+            with use_global_ctx(self.ctx), torch.inference_mode():
+                self.graph_runner.capture(self.prepare_batch)
+
+    def _graph_max_bs(self) -> int:
+        """The largest decode batch run as a CUDA graph: ``cuda_graph_max_bs``, by default
+        every batch up to 256 on a GPU. 0 when the forward cannot be captured: the torch
+        backend's Python loop, or MoE layers that read expert counts on the host (chapter 20).
+        On a CPU only a maximum given explicitly pads batches, to show how."""
+        asked, on_gpu = self.config.cuda_graph_max_bs, self.device.type == "cuda"
+        capturable = self.attn_backend.supports_cuda_graph and not self.model_config.is_moe
+        if on_gpu and not capturable:
+            return 0
+        if asked is None:
+            asked = 256 if on_gpu else 0
+        return min(asked, self.config.max_running_req)
 
     def _used_memory(self) -> int:
         if self.device.type != "cuda":
@@ -101,15 +120,18 @@ class Engine:
 
     def prepare_batch(self, batch: Batch) -> None:
         """The batch's tensors, from its requests' tokens and page-table rows (the pages must be
-        given already): input_ids, positions and out_loc [T], then the attention metadata."""
+        given already): input_ids, positions and out_loc [T], the rows whose logits are sampled
+        (each request's last token), then the attention metadata."""
         reqs = batch.reqs
-        ids = [t for r in reqs for t in r.all_ids[r.cached_len : r.device_len]]
+        ids = [t for r in reqs for t in r.new_ids]
         positions = [p for r in reqs for p in range(r.cached_len, r.device_len)]
         rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
-        batch.input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        batch.positions = torch.tensor(positions, dtype=torch.long, device=self.device)
-        row_index = torch.tensor(rows, dtype=torch.long, device=self.device)
+        host = torch.tensor([ids, positions, rows], dtype=torch.long)  # one copy, not three
+        batch.input_ids, batch.positions, row_index = host.to(self.device, non_blocking=True)
         batch.out_loc = self.page_table[row_index, batch.positions].long()
+        if len(ids) > len(reqs):  # some request brings several tokens: sample only the last's
+            ends = torch.tensor([r.extend_len for r in reqs], device=self.device).cumsum(0)
+            batch.logits_rows = ends - 1
         self.attn_backend.prepare_metadata(batch)
 
     @torch.inference_mode()
@@ -118,18 +140,23 @@ class Engine:
 
         Afterwards every request's new tokens count as cached (``cached_len = device_len``).
         """
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(batch):  # ours, should there be two
+        graph = self.graph_runner.can_run(batch)  # a decode batch small enough: padded
+        run = self.graph_runner.pad(batch) if graph else batch
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):  # ours, should there be two
             with self.timer.phase("prepare"):
-                self.prepare_batch(batch)
-            assert batch.input_ids is not None and batch.positions is not None
+                self.prepare_batch(run)
+            assert run.input_ids is not None and run.positions is not None
             with self.timer.phase(f"forward {batch.phase}"):  # a decode step's own figure
-                logits = self.model.forward(batch.input_ids, batch.positions)  # [T, V]
+                if graph:
+                    logits = self.graph_runner.forward(run)[: batch.size]  # padded rows dropped
+                else:
+                    logits = self.model.forward(run.input_ids, run.positions)  # [B, V]
         with self.timer.phase("sample"):
-            ends = torch.tensor([r.extend_len for r in batch.reqs], device=self.device).cumsum(0)
-            last_logits = logits[ends - 1].float()  # each request's last position: [B, V]
             for req in batch.reqs:
                 req.complete_forward()
-            return self.sampler.sample(last_logits, self.sampler.prepare(batch))
+            return self.sampler.sample(logits.float(), self.sampler.prepare(batch))
 
     def shutdown(self) -> None:
-        """Nothing to release on a CPU; later chapters free CUDA graphs and process groups."""
+        """Free the CUDA graphs (their memory pool goes with them); chapter 19 adds the process
+        groups."""
+        self.graph_runner.destroy()

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Iterator, List, Sequence
 
 import torch
-
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
 from minisgl.utils.hf import read_hf_config, resolve_model_dir
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx, use_global_ctx
 from minisgl.kvcache import create_kvcache_pool

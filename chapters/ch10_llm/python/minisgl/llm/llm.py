@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence
 
-from transformers import AutoTokenizer
-
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.utils import check_request
+from transformers import AutoTokenizer
 
 Prompt = str | Sequence[int]  # text, or token ids
 
