@@ -80,8 +80,10 @@ def main() -> None:
               f"finish_reason={chat.choices[0].finish_reason!r}")
         cut = client.completions.create(model="qwen3", prompt="Hello world", stop=["lazy"],
                                         **greedy)
+        # the tokens up to the one that completed the stop string, whatever the timing
         print(f"stop='lazy': {cut.choices[0].text!r} "
-              f"finish_reason={cut.choices[0].finish_reason!r}")
+              f"finish_reason={cut.choices[0].finish_reason!r} "
+              f"completion_tokens={cut.usage.completion_tokens}")
 
         llm = LLM(model, device="cpu", page_size=4, num_pages=128)
         ref = llm.generate(["Hello world", tokenize_request(llm.tokenizer, messages=CHAT)],

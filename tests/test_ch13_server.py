@@ -5,6 +5,8 @@ processes); the fault test starts its own, since it kills it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import re
@@ -110,8 +112,11 @@ def test_the_command_line_takes_upstreams_flag_names():
     config = args.scheduler_config()
     assert type(config) is SchedulerConfig and (config.page_size, config.num_pages) == (16, 99)
     plain = parse_args(["--model", "/m"])
-    assert (plain.host, plain.port, plain.dtype, plain.api_key) == ("127.0.0.1", 1919, None, None)
-    for bad in (["--page-size", "0"], ["--port", "70000"], ["--dtype", "int8"], ["--nope"]):
+    assert (plain.host, plain.port, plain.dtype, plain.api_key, plain.shutdown_timeout) == \
+        ("127.0.0.1", 1919, None, None, 5.0)
+    assert parse_args(["--model", "/m", "--shutdown-timeout", "0.5"]).shutdown_timeout == 0.5
+    for bad in (["--page-size", "0"], ["--port", "70000"], ["--dtype", "int8"], ["--nope"],
+                ["--shutdown-timeout", "-1"], ["--shutdown-timeout", "nan"]):
         with pytest.raises(SystemExit):
             parse_args(["--model", "/m", *bad])
     with pytest.raises(SystemExit):
@@ -127,7 +132,7 @@ def model(tiny_models) -> Path:
 def server(model, tmp_path_factory):
     srv = Server(model, tmp_path_factory.mktemp("server") / "server.log", "--api-key", KEY)
     yield srv
-    assert srv.stop() != 0 and "SIGTERM received" in srv.log.read_text()
+    assert srv.stop() == 0 and "SIGTERM received; the server has stopped" in srv.log.read_text()
     assert "Traceback" not in srv.log.read_text(), srv.log.read_text()
 
 
@@ -250,6 +255,62 @@ def test_stop_strings_are_cut_and_finish_with_stop(server, stream):
     got, reason, _, _ = _stream_text(out) if stream else (out.choices[0].text,
                                                           out.choices[0].finish_reason, 0, 0)
     assert (got, reason) == (text[:text.index(stop)], "stop")
+
+
+def _tokens_to_stop(tokenizer, ids: list, stop: str) -> int:
+    """The rule for ``usage.completion_tokens`` after a stop string: the tokens up to and
+    including the one whose text completed the stop string."""
+    for k in range(1, len(ids) + 1):
+        if stop in tokenizer.decode(ids[:k], skip_special_tokens=True):
+            return k
+    raise AssertionError(f"{stop!r} is not in the reply")
+
+
+def _a_stop_string(text: str) -> str:
+    """Three characters first met at least 8 characters into the reply."""
+    starts = [a for a in range(8, len(text) - 3) if text.find(text[a:a + 3]) == a]
+    assert starts, text
+    return text[starts[0]:starts[0] + 3]
+
+
+@pytest.mark.parametrize("prompt", ["Hello world", "Once upon a time", tm.MULTIBYTE_TEXT[:40]])
+def test_usage_after_a_stop_string_is_exact_even_when_the_detokenizer_falls_behind(server, llm,
+                                                                                   prompt):
+    """completion_tokens counts the tokens up to the one that completed the stop string: the
+    same streamed and not, and when the detokenizer falls behind. It is paused (SIGSTOP) for a
+    second once the replies have begun, so the scheduler runs on and the tokens past the stop
+    string reach it in one batch with those before."""
+    ref = llm.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    stop = _a_stop_string(ref["text"])
+    expected = (ref["text"][:ref["text"].index(stop)], "stop",
+                _tokens_to_stop(llm.tokenizer, ref["token_ids"], stop))
+    assert 1 < expected[2] < 40  # cut inside the reply, not at either end
+    client = server.client()
+
+    def plain() -> tuple:
+        out = client.completions.create(model="m", prompt=prompt, stop=stop, **_greedy(40))
+        return out.choices[0].text, out.choices[0].finish_reason, out.usage.completion_tokens
+
+    def streamed(started: threading.Event) -> tuple:
+        out = client.completions.create(model="m", prompt=prompt, stop=stop, stream=True,
+                                        stream_options={"include_usage": True}, **_greedy(40))
+        chunks = iter(out)
+        first = next(chunks)
+        started.set()
+        text, reason, usage, _ = _stream_text(itertools.chain([first], chunks))
+        return text, reason, usage.completion_tokens
+
+    assert [plain(), streamed(threading.Event())] == [expected] * 2  # the detokenizer in step
+    tokenizer, started = server.worker_pid("tokenizer"), threading.Event()
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(streamed, started), pool.submit(plain)]
+        assert started.wait(timeout=30)
+        os.kill(tokenizer, signal.SIGSTOP)
+        try:
+            time.sleep(1.0)  # the scheduler runs on: about 25 steps on this tiny model
+        finally:
+            os.kill(tokenizer, signal.SIGCONT)
+        assert [f.result(timeout=60) for f in futures] == [expected] * 2
 
 
 def test_models_health_and_metric_names(server, model):
@@ -444,28 +505,96 @@ def test_the_scheduler_killed_mid_run_gives_503_then_a_nonzero_exit(model, tmp_p
         srv.stop()
 
 
-def test_sigterm_under_load_finishes_the_replies_under_way(model, tmp_path):
-    srv = Server(model, tmp_path / "server.log")
+def _wait_running(srv: Server, n: int) -> None:
+    deadline = time.monotonic() + 20
+    while srv.metrics()["minisgl:num_running_reqs"] < n:
+        assert time.monotonic() < deadline, "the requests never ran"
+        time.sleep(0.01)
+
+
+def test_sigterm_under_load_finishes_the_replies_under_way_then_exits_0(model, tmp_path):
+    """A drain longer than the replies need: each runs to its end, and the server exits as soon
+    as they have, not when the drain time is over."""
+    srv = Server(model, tmp_path / "server.log", "--shutdown-timeout", "60")
     try:
         streams: list = []
 
         def stream_one(i: int) -> None:
             out = srv.client().completions.create(model="m", prompt=f"Hello {i}", stream=True,
+                                                  stream_options={"include_usage": True},
                                                   **_greedy(60))
-            streams.append(_stream_text(out)[1])
+            text, reason, usage, _ = _stream_text(out)
+            streams.append((reason, usage.completion_tokens))
 
         threads = [threading.Thread(target=stream_one, args=(i,)) for i in range(6)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 10
-        while srv.metrics()["minisgl:num_running_reqs"] < 6:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        _wait_running(srv, 6)
         srv.proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
         for t in threads:
-            t.join(timeout=20)
-        assert streams == ["length"] * 6  # every reply under way ran to its end
-        assert srv.proc.wait(timeout=20) != 0
-        assert "SIGTERM received" in srv.log.read_text()
+            t.join(timeout=50)
+        assert streams == [("length", 60)] * 6  # every reply under way ran to its end
+        assert srv.proc.wait(timeout=50) == 0
+        assert time.monotonic() - start < 40  # it did not wait out the 60 s
+        log = srv.log.read_text()
+        assert "replies under way: 6," in log
+        assert "SIGTERM received; the server has stopped" in log
+        assert "Traceback" not in log, log
     finally:
+        srv.stop()
+
+
+def _raw_stream(srv: Server, prompt: str, max_tokens: int, events: list,
+                started: threading.Event) -> None:
+    """A stream's events as they come (the JSON strings after ``data: ``), until it ends."""
+    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                started.set()
+
+
+def test_sigterm_cuts_what_outlives_the_drain_and_exits_0_within_the_bound(model, tmp_path):
+    """A drain of 0.5 s, and the scheduler paused (SIGSTOP) so that no reply can finish in it:
+    no new connection is accepted; at the drain's end each stream gets an error event after
+    its valid chunks; the server exits 0 soon after."""
+    drain = 0.5
+    srv = Server(model, tmp_path / "server.log", "--shutdown-timeout", str(drain))
+    scheduler = srv.worker_pid("scheduler")
+    try:
+        runs = [(f"Hello {i}", 400, [], threading.Event()) for i in range(2)]
+        threads = [threading.Thread(target=_raw_stream, args=(srv, *run)) for run in runs]
+        for t in threads:
+            t.start()
+        for _, _, _, started in runs:
+            assert started.wait(timeout=30)
+        os.kill(scheduler, signal.SIGSTOP)
+        srv.proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        while True:  # new connections are refused while the replies under way wait
+            try:
+                httpx.get(srv.url + "/health", timeout=1)
+            except httpx.ConnectError:
+                break
+            assert time.monotonic() - start < 2.0, "still accepting after SIGTERM"
+            time.sleep(0.05)
+        for t in threads:
+            t.join(timeout=drain + 10)
+        os.kill(scheduler, signal.SIGCONT)  # it takes the exit message
+        code = srv.proc.wait(timeout=drain + 15)
+        assert code == 0 and time.monotonic() - start < drain + 12
+        for _, _, events, _ in runs:  # the text so far, then one error event, no [DONE]
+            chunks = [json.loads(e) for e in events if e != "[DONE]"]  # every event is JSON
+            assert "[DONE]" not in events and all("error" not in c for c in chunks[:-1])
+            error = chunks[-1]["error"]
+            assert error["code"] == 503 and "--shutdown-timeout" in error["message"]
+        log = srv.log.read_text()
+        assert "replies still running after 0.5 s: 2, cut" in log
+        assert "SIGTERM received; the server has stopped" in log and "Traceback" not in log
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # gone already, as it should be
+            os.kill(scheduler, signal.SIGCONT)
         srv.stop()

@@ -32,7 +32,9 @@ class UserReply(BaseFrontendMsg):
     incremental_output: str  # new text (possibly "" while a character or a stop is incomplete)
     finished: bool
     finish_reason: str = ""  # once finished: "length", "stop" (EOS or stop string), "error"
-    token_ids: List[int] = field(default_factory=list)  # the tokens generated since the last one
+    # the tokens generated since the last reply; after a stop string, only those up to and
+    # including the token whose text completed it (the reply's usage counts these)
+    token_ids: List[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     error: str = ""  # why the request was refused
 

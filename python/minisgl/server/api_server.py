@@ -242,6 +242,7 @@ class Frontend:
         self.tokenizer_addr, self.frontend_addr, self.metrics = (tokenizer_addr, frontend_addr,
                                                                  metrics)
         self.failure: str | None = None  # set once a worker has died: every request gets a 503
+        self.cut_reason: str | None = None  # set when a shutdown's drain time is over
         self._waiting: Dict[int, asyncio.Queue[UserReply | None]] = {}
         self._uids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
@@ -263,13 +264,29 @@ class Frontend:
         self._send.close()
         self._recv.close()
 
+    @property
+    def num_running(self) -> int:
+        """Requests whose reply has not finished."""
+        return len(self._waiting)
+
     def fail(self, message: str) -> None:
         """From any thread: a worker died, so every waiting request ends with a 503."""
         def wake_all() -> None:
             self.failure = message
-            for queue in self._waiting.values():
-                queue.put_nowait(None)
+            self._wake_all()
         self.loop.call_soon_threadsafe(wake_all)
+
+    def cut(self, message: str) -> int:
+        """In the event loop: a shutdown's drain time is over, so every reply still running
+        ends with a 503 naming why (a stream, with an error event) and its request is aborted.
+        Returns how many were cut."""
+        self.cut_reason = message
+        return self._wake_all()
+
+    def _wake_all(self) -> int:
+        for queue in self._waiting.values():
+            queue.put_nowait(None)  # None: look at failure and cut_reason
+        return len(self._waiting)
 
     async def generate(self, text: str | Sequence[int] | List[Dict[str, Any]],
                        params: SamplingParams, stop: List[str]) -> AsyncIterator[UserReply]:
@@ -301,9 +318,9 @@ class Frontend:
                 self.metrics.observe(timing)
 
     def _check_alive(self) -> None:
-        if self.failure is not None:
-            raise APIError(503, f"the server is shutting down: {self.failure}",
-                           "service_unavailable")
+        reason = self.failure or self.cut_reason
+        if reason is not None:
+            raise APIError(503, f"the server is shutting down: {reason}", "service_unavailable")
 
     def _time(self, timing: Timing, reply: UserReply) -> None:
         timing.prompt_tokens = reply.num_prompt_tokens
@@ -363,6 +380,9 @@ class ReplyFormat:
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
+    """``completion_tokens`` is the number of token ids the reply's pieces carry: every token
+    generated, EOS included, or after a stop string the tokens up to and including the one
+    whose text completed it (the detokenizer's rule), streamed or not, whatever the timing."""
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
 

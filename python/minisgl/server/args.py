@@ -22,6 +22,12 @@ class ServerArgs(SchedulerConfig):
     port: int = 1919  # upstream's default
     api_key: str | None = None  # when set, every request needs "Authorization: Bearer KEY"
     shell: bool = False  # the interactive shell (chapter 14) instead of the HTTP server
+    shutdown_timeout: float = 5.0  # on SIGTERM/SIGINT: seconds the replies under way may take
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.shutdown_timeout >= 0:  # NaN too
+            raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout}")
 
     def scheduler_config(self) -> SchedulerConfig:
         """The engine's options alone: what the scheduler process needs."""
@@ -57,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="cpu, cuda, or auto")
     p.add_argument("--shell", "--shell-mode", action="store_true",
                    help="an interactive shell, not a server")
+    p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,
+                   help="on SIGTERM or Ctrl-C: seconds the replies under way may take to "
+                   "finish before they are cut (default: %(default)s)")
     p.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer API_KEY' on every request")
     return p

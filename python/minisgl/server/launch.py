@@ -7,6 +7,7 @@ then the HTTP API in this process, until a signal or a dying worker stops everyt
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
@@ -22,7 +23,7 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerIO, SchedulerLoop
 from minisgl.tokenizer.server import tokenizer_worker
 from minisgl.utils.logger import init_logger
-from minisgl.utils.mp import Workers, ZmqPushQueue
+from minisgl.utils.mp import Stopped, Workers, ZmqPushQueue
 
 from .api_server import Frontend, Metrics, SchedulerStats, create_app
 from .args import ServerArgs
@@ -84,9 +85,50 @@ def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) 
     server.should_exit = True
 
 
+CUT_GRACE_S = 2.0  # after the cut: for the cut replies' last events, then uvicorn cancels
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a bounded shutdown. On SIGTERM or SIGINT uvicorn stops accepting
+    connections and waits for the replies under way. After ``drain_s`` seconds the frontend
+    cuts those still running (each ends with a 503 naming why, its request aborted); uvicorn's
+    own timeout, CUT_GRACE_S later, cancels whatever still hangs (a client that reads nothing).
+    A second Ctrl-C stops waiting at once (uvicorn's force exit)."""
+
+    def __init__(self, config: uvicorn.Config, frontend: Frontend, drain_s: float):
+        config.timeout_graceful_shutdown = drain_s + CUT_GRACE_S
+        super().__init__(config)
+        self.frontend, self.drain_s = frontend, drain_s
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        logger.warning("stopping: no new requests; replies under way: %d, given %.1f s",
+                       self.frontend.num_running, self.drain_s)
+        timer = asyncio.get_running_loop().call_later(self.drain_s, self._cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        n = self.frontend.cut(f"the reply was cut after {self.drain_s:g} s (--shutdown-timeout)")
+        if n:
+            logger.warning("replies still running after %.1f s: %d, cut", self.drain_s, n)
+
+
 def launch_server(args: ServerArgs) -> None:
-    """Serve until SIGINT/SIGTERM (a SystemExit naming the signal, once the replies under way
-    are sent) or a worker's death (a SystemExit naming it); no process or socket file stays."""
+    """Serve until SIGINT/SIGTERM or a worker's death; no process or socket file stays.
+
+    A signal is how a server is meant to stop: new requests are refused, the replies under way
+    get ``args.shutdown_timeout`` seconds, the workers stop, and we return (exit status 0). A
+    worker's death, or a port we cannot bind, is a SystemExit naming it (status 1)."""
+    try:
+        _serve(args)
+    except Stopped as stop:  # uvicorn's drain is over: it passes the signal on to Workers'
+        print(f"minisgl: {stop.signal_name} received; the server has stopped", file=sys.stderr,
+              flush=True)
+
+
+def _serve(args: ServerArgs) -> None:
     with Workers() as workers:
         stats = SchedulerStats()
         start_workers(workers, args, stats)
@@ -94,7 +136,7 @@ def launch_server(args: ServerArgs) -> None:
         frontend = Frontend(workers.addr("tokenizer"), workers.addr("frontend"), Metrics(stats))
         config = uvicorn.Config(create_app(args, frontend), host=args.host, port=args.port,
                                 log_level="warning", access_log=False)
-        server = uvicorn.Server(config)
+        server = DrainingServer(config, frontend, args.shutdown_timeout)
         threading.Thread(target=watch_workers, args=(workers, frontend, server),
                          name="minisgl-server-watcher", daemon=True).start()
         pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())

@@ -81,7 +81,9 @@ class TokenizerServer:
         """The scheduler's tokens, one reply per request. A worker that fell behind may hold
         several steps of a request: they are detokenized step by step (each step one batched
         call over the requests), so that a stop string ends the reply at the token that
-        completes it, whatever the timing."""
+        completes it, whatever the timing. The reply's ``token_ids`` stop there too: the
+        tokens up to and including the one whose text completed the stop string are the ones
+        ``usage.completion_tokens`` counts; those the scheduler made past it are dropped."""
         queues: Dict[int, List[DetokenizeMsg]] = {}
         for msg in msgs:
             if msg.uid not in self._requests:

@@ -153,7 +153,8 @@ class Workers:
 
     If one worker dies, a watcher thread stops the others and says which died and how;
     ``stop`` (or leaving the ``with`` block) ends them all. SIGINT and SIGTERM end the main
-    process through ``SystemExit``, so its ``with`` block stops the workers on the way out.
+    process through ``Stopped`` (a ``SystemExit``), so its ``with`` block stops the workers on
+    the way out.
     """
 
     def __init__(self) -> None:
@@ -284,5 +285,14 @@ def _end_all(procs: Any) -> None:
             proc.join()
 
 
+class Stopped(SystemExit):
+    """SIGINT or SIGTERM in the main process. Uncaught, it exits with status 1 and its line; a
+    server that stops in order on a signal catches it and exits 0 (chapter 13)."""
+
+    def __init__(self, signum: int):
+        self.signal_name = signal.Signals(signum).name
+        super().__init__(f"minisgl: {self.signal_name} received, stopping every process")
+
+
 def _exit_on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(f"minisgl: {signal.Signals(signum).name} received, stopping every process")
+    raise Stopped(signum)
