@@ -12,7 +12,6 @@ import os
 import re
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import minisgl
@@ -36,11 +35,17 @@ def start_shell(model: Path, tmp: str) -> pexpect.spawn:
                                           *FLAGS], env=env, timeout=30, encoding="utf-8")
 
 
+def wait_prompt(shell: pexpect.spawn) -> str:
+    """What the shell printed up to its next prompt, once prompt_toolkit has taken the terminal
+    (its raw mode turns the echo off; what is typed before that goes to the line discipline)."""
+    shell.expect_exact(">>> ")
+    assert shell.waitnoecho(timeout=10), "prompt_toolkit never took the terminal"
+    return shell.before
+
+
 def next_prompt(shell: pexpect.spawn) -> str:
     """What the shell printed after the typed line, up to its next prompt."""
-    shell.expect_exact(">>> ")
-    time.sleep(0.2)  # prompt_toolkit takes the terminal a moment after drawing the prompt
-    return shell.before.partition("\r\r\n")[2][:-2].replace("\r\n", "\n")
+    return wait_prompt(shell).partition("\r\r\n")[2][:-2].replace("\r\n", "\n")
 
 
 def say(shell: pexpect.spawn, line: str) -> str:
@@ -75,9 +80,7 @@ def main() -> None:
         sockets = Path(tmp, "sockets")
         sockets.mkdir()
         shell = start_shell(model, str(sockets))
-        shell.expect_exact(">>> ")
-        time.sleep(0.2)
-        banner = shell.before.split("\r\n")[1]  # the first line has paths and pids
+        banner = wait_prompt(shell).split("\r\n")[1]  # the first line has paths and pids
         print(f"(the shell starts: {banner})\n")
 
         turns = [{"role": "user", "content": "What is the weather today?"}]
@@ -100,9 +103,7 @@ def main() -> None:
         shell.expect(r"\S")
         shell.sendintr()
         print(">>> Tell me a long story   [Ctrl-C as the reply starts]")
-        shell.expect_exact(">>> ")
-        time.sleep(0.2)
-        print(shell.before.splitlines()[-1])
+        print(wait_prompt(shell).splitlines()[-1])
         stats = say(shell, "/stats")
         print(f"  (the aborted request's pages are back: {'in use: 0,' in stats})\n")
 

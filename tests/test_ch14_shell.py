@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pexpect
@@ -42,10 +41,11 @@ class ShellProcess:
         assert len(self.workers) >= 2, self.workers
 
     def wait_prompt(self) -> str:
-        """What was printed before the next prompt; then a moment for prompt_toolkit to take
-        the terminal (a Ctrl-D typed before that is the line discipline's, not the prompt's)."""
+        """What was printed before the next prompt, once prompt_toolkit has taken the terminal
+        (a Ctrl-D typed before that is the line discipline's, not the prompt's). Its raw mode
+        turns the terminal's echo off: ``waitnoecho`` polls for that, 10 s at most."""
         self.child.expect_exact(PROMPT)
-        time.sleep(0.2)
+        assert self.child.waitnoecho(timeout=10), "prompt_toolkit never took the terminal"
         return self.child.before
 
     def say(self, line: str) -> str:
