@@ -162,3 +162,34 @@ def test_cuda_graphs_give_the_same_tokens(tiny_models, family: str) -> None:
     assert ours == _generate(_llm(tiny_models[family], device="cuda", cuda_graph_max_bs=0),
                              [greedy(12)] * len(PROMPTS))
     assert ours == hf_greedy(tiny_models[family], PROMPTS, 12)
+
+
+def test_every_padded_step_runs_a_full_batch(tiny_models) -> None:
+    """Every step the runner gets holds its padded size in tokens, the dummy rows at position 0
+    writing the dummy slot, and the engine hands back one token per real request; the dummy
+    request is never advanced (on a CPU a lost padding row would not change the tokens)."""
+    from minisgl.engine.graph import padded_size
+
+    llm = _llm(tiny_models["llama3"], cuda_graph_max_bs=8)
+    engine, runner = llm.scheduler.engine, llm.scheduler.engine.graph_runner
+    dummy_slot = engine.num_pages * engine.config.page_size
+    seen: List[tuple] = []
+    runner_forward, forward_batch = runner.forward, engine.forward_batch
+
+    def checked(batch: Any) -> Any:
+        n = sum(r is not engine.dummy_req for r in batch.reqs)
+        assert batch.size == padded_size(runner.sizes, n) == batch.input_ids.shape[0]
+        assert batch.positions[n:].tolist() == [0] * (batch.size - n)
+        assert batch.out_loc[n:].tolist() == [dummy_slot] * (batch.size - n)
+        seen.append((n, batch.size))
+        return runner_forward(batch)
+
+    def counted(batch: Any) -> Any:
+        tokens = forward_batch(batch)
+        assert tokens.shape == (batch.size,)  # the padded rows' logits were cut off
+        return tokens
+
+    runner.forward, engine.forward_batch = checked, counted
+    _generate(llm)
+    assert sum(n < size for n, size in seen) >= 2  # several padded steps, not only the first
+    assert (engine.dummy_req.cached_len, engine.dummy_req.device_len) == (0, 1)
