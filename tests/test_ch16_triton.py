@@ -255,7 +255,7 @@ def test_cuda_decode_in_a_cuda_graph() -> None:
 # ---------------------------------------------------------------- the engine with the kernels
 
 
-def _generate(path, backend: str, prompts, n: int, device: str = "cpu", **options):
+def _generate(path, backend: str, prompts, n: int, device: str = DEVICE, **options):
     from helpers import greedy
     from minisgl.llm import LLM
 

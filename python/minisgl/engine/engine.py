@@ -157,6 +157,8 @@ class Engine:
             return self.sampler.sample(logits.float(), self.sampler.prepare(batch))
 
     def shutdown(self) -> None:
-        """Free the CUDA graphs (their memory pool goes with them); chapter 19 adds the process
+        """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
+        which the global context would otherwise keep alive; chapter 19 adds the process
         groups."""
         self.graph_runner.destroy()
+        self.ctx.kv_cache = self.ctx.page_table = None
