@@ -1,11 +1,12 @@
-"""Shared pytest setup: the tree's own package first on sys.path, and the tiny models fixture."""
+"""Shared pytest setup: the tree's own package first on sys.path, the tiny models fixture, and a
+guard on torch's process-wide settings."""
 
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 # Without a GPU, Triton kernels run in Triton's interpreter, which must be chosen before any test
 # module imports triton (conftest is imported first).
@@ -48,3 +49,30 @@ class _TinyModels(Mapping[str, Path]):
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Mapping[str, Path]:
     """The tiny random-weight models of examples/tiny_models.py, made once per test session."""
     return _TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+def _torch_settings() -> dict[str, Any]:
+    import torch
+
+    return {"default dtype": torch.get_default_dtype(), "default device": torch.empty(0).device,
+            "grad enabled": torch.is_grad_enabled(),
+            "float32 matmul precision": torch.get_float32_matmul_precision()}
+
+
+@pytest.fixture(autouse=True)
+def _torch_settings_unchanged() -> Iterator[None]:
+    """A test that leaves torch's process-wide settings changed fails, and they are put back:
+    a later test would otherwise run under them and fail far from the cause (a bfloat16 default
+    dtype makes float32 comparisons miss by 1e-2)."""
+    import torch
+
+    before = _torch_settings()
+    yield
+    changed = {k: (v, before[k]) for k, v in _torch_settings().items() if v != before[k]}
+    if changed:
+        torch.set_default_dtype(before["default dtype"])
+        torch.set_default_device(before["default device"])
+        torch.set_grad_enabled(before["grad enabled"])
+        torch.set_float32_matmul_precision(before["float32 matmul precision"])
+        pytest.fail("the test left torch's settings changed (now, before): " + ", ".join(
+            f"{k} {now} instead of {old}" for k, (now, old) in changed.items()))

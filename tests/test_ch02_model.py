@@ -75,18 +75,28 @@ def _hf_rope(head_dim: int, base: float, scaling: dict | None, max_pos: int):
 @pytest.mark.parametrize("head_dim,base", [(64, 10000.0), (128, 500000.0)])
 @pytest.mark.parametrize("kind", list(ROPES))
 def test_rope_matches_transformers(kind, head_dim, base):
+    """float32 inputs whatever the default dtype (transformers casts cos / sin to the input's
+    dtype: under a bfloat16 default every row but position 0's would differ). The frequencies
+    are compared first, and a failure names the process-wide state it ran under."""
     scaling, max_pos = ROPES[kind], 4096
     torch.manual_seed(1)
     positions = torch.cat([torch.arange(8), torch.randint(0, max_pos, (40,))])
-    q, k = torch.randn(48, 4, head_dim), torch.randn(48, 2, head_dim)
+    q = torch.randn(48, 4, head_dim, dtype=torch.float32)
+    k = torch.randn(48, 2, head_dim, dtype=torch.float32)
     rope = RotaryEmbedding(head_dim, max_pos, base, scaling)
     oq, ok = rope.forward(positions, q, k)
     hf = _hf_rope(head_dim, base, scaling, max_pos)
+    state = (f"default dtype {torch.get_default_dtype()}, default device "
+             f"{torch.empty(0).device}, rope_parameters {hf.config.rope_parameters}")
+    freqs = rope_frequencies(head_dim, base, scaling)
+    assert torch.allclose(hf.inv_freq, freqs[0], rtol=1e-5), f"inv_freq differs; {state}"
+    assert hf.attention_scaling == pytest.approx(freqs[1]), state
     cos, sin = hf(q, positions[None])
     # transformers wants [batch, heads, T, D]
     hq, hk = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    assert torch.allclose(oq, hq[0].transpose(0, 1), atol=1e-5)
-    assert torch.allclose(ok, hk[0].transpose(0, 1), atol=1e-5)
+    for ours, theirs in ((oq, hq[0].transpose(0, 1)), (ok, hk[0].transpose(0, 1))):
+        rows = ((ours - theirs).abs() > 1e-5).flatten(1).any(1).nonzero().flatten().tolist()
+        assert rows == [], f"rows {rows} differ (positions {positions[rows].tolist()}); {state}"
     if scaling is not None:  # the inputs reach the scaled frequencies: a scaling bug would show
         plain_q, _ = RotaryEmbedding(head_dim, max_pos, base).forward(positions, q, k)
         assert (plain_q - oq).abs().max() > 0.1
