@@ -193,3 +193,19 @@ def test_every_padded_step_runs_a_full_batch(tiny_models) -> None:
     _generate(llm)
     assert sum(n < size for n, size in seen) >= 2  # several padded steps, not only the first
     assert (engine.dummy_req.cached_len, engine.dummy_req.device_len) == (0, 1)
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_rms_norm_is_the_formula(dtype: torch.dtype) -> None:
+    """On CUDA rms_norm is one fused kernel of torch's; it computes the CPU formula (float32
+    inside, rounded to the model's dtype before the weight), strided q heads included."""
+    from minisgl.layers.norm import rms_norm
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(37, 6, 64, generator=gen).to(dtype)[:, 1:5]  # heads of a wider tensor
+    weight = (1 + torch.randn(64, generator=gen) / 4).to(dtype)
+    ref = rms_norm(x, weight, 1e-6)
+    out = rms_norm(x.cuda(), weight.cuda(), 1e-6).cpu()
+    tol = {"atol": 1e-6, "rtol": 1e-6} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 1e-2}
+    torch.testing.assert_close(out, ref, **tol)
