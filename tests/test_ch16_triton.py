@@ -326,7 +326,7 @@ def test_backend_names(tiny_models) -> None:
 def test_lm_head_sees_only_the_sampled_rows(tiny_models) -> None:
     """A prefill of 7 + 3 + 32 tokens computes 3 rows of logits; a decode step one per request;
     the whole-sequence entry point (chapters 2-4) still gets every row."""
-    from helpers import greedy, hf_logits
+    from helpers import greedy, hf_greedy, hf_logits
     from minisgl.models import load_model, sequence_logits
 
     _, llm = _generate(tiny_models["qwen3"], "torch", [[1] * 3], 1)
@@ -334,8 +334,11 @@ def test_lm_head_sees_only_the_sampled_rows(tiny_models) -> None:
     rows_seen: List[int] = []
     forward = head.forward
     head.forward = lambda x: rows_seen.append(x.shape[0]) or forward(x)  # type: ignore
-    llm.generate([[5] * 7, [6] * 3, list(range(32))], greedy(2))
+    prompts = [[5] * 7, [6] * 3, list(range(32))]
+    outputs = llm.generate(prompts, greedy(2))
     assert rows_seen == [3, 3]
+    # the rows are each request's last token's: a row off by one samples another position
+    assert [out["token_ids"] for out in outputs] == hf_greedy(tiny_models["qwen3"], prompts, 2)
     model = load_model(tiny_models["qwen3"])
     ids = list(range(20, 29))
     torch.testing.assert_close(sequence_logits(model, ids), hf_logits(tiny_models["qwen3"], ids),
