@@ -1130,6 +1130,50 @@ def workload_floor() -> plt.Figure:
     return fig
 
 
+H200_RESULTS = ROOT / "benchmark/results/h200_2026-12-01.json"  # measured, not computed here
+
+
+@figure("ch15", "throughput_by_chapter")
+def throughput_by_chapter() -> plt.Figure:
+    """The H200 runs recorded in benchmark/results: output tokens/s of each chapter's engine and
+    of transformers on nano-vllm's workload, under the bandwidth floor of ch15's main."""
+    import json
+    import textwrap
+
+    record = json.loads(H200_RESULTS.read_text(encoding="utf-8"))
+    runs = sorted(record["runs"], key=lambda r: r["chapter"] or 99)  # transformers last
+    floor = record["floor_tokens_per_s"]
+    rates = [r["tokens_per_s"] for r in runs]
+    partial = [not r["scope"].startswith("whole workload") for r in runs]
+    colors = [COLORS[i] if r["chapter"] else GREY for i, r in enumerate(runs)]
+    fig, ax = plt.subplots(figsize=(10, 5.6), layout="constrained")
+    fig.suptitle(f"Output tokens/s on an H200, chapter by chapter ({record['date']})")
+    x = range(len(runs))
+    bars = ax.bar(x, rates, color=colors, width=0.6)
+    for bar, cut in zip(bars, partial):
+        if cut:  # another slice of the workload: drawn hatched and footnoted
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
+    for i, rate, cut in zip(x, rates, partial):
+        ax.text(i, rate * 1.12, f"{rate:,}" + (" *" if cut else ""), ha="center", fontsize=10)
+    ax.axhline(floor, color=COLORS[3], linestyle="--",
+               label=f"bandwidth floor: {floor:,} (ch15's main, 4,800 GB/s)")
+    ax.set_yscale("log")
+    ax.set_ylim(50, floor * 2.5)
+    ax.set_xticks(list(x), [textwrap.fill(r["label"], 20) for r in runs], fontsize=9)
+    ax.set_ylabel("output tokens/s (log scale)")
+    best = max(r for r, run in zip(rates, runs) if run["chapter"])
+    baseline = next(r for r, run in zip(rates, runs) if not run["chapter"])
+    ax.set_title(f"{record['model']}; nano-vllm's workload\nthe fastest, {best:,}, is "
+                 f"{best / baseline:.0f}x transformers and {100 * best / floor:.0f}% of the floor",
+                 fontsize=10)
+    notes = [f"* {r['scope']}" for r, cut in zip(runs, partial) if cut]
+    ax.text(0.01, 0.97, "\n".join(notes), transform=ax.transAxes, va="top", fontsize=9)
+    ax.legend(loc="upper right", fontsize=9)
+    ax.grid(alpha=0.3, axis="y", which="both")
+    return fig
+
+
 # ---------------------------------------------------------------------------------------- ch16
 def split_ranges(seq_len: int, num_splits: int, block_n: int) -> list[tuple[int, int]]:
     """(start, end) of each split's keys, as decode's two stages compute them (``_split_len``):
