@@ -276,3 +276,27 @@ def test_shapes_load_as_configs(tmp_path):
             "config.json").read_text()))
         assert c.vocab_size > 10000  # the workload's ids fit every shape
         assert c.dtype == (torch.float32 if name == "tiny" else torch.bfloat16)
+
+
+def test_sampling_sorts_only_when_a_row_filters(monkeypatch) -> None:
+    """The sort behind top-k / top-p costs most of a sampling step on a GPU (this chapter's
+    breakdown): a batch where no row asks for either never runs it; one row asking runs it."""
+    import torch
+    from minisgl.core import SamplingParams
+    from minisgl.engine import sample
+
+    calls = []
+    real = sample.top_k_top_p_filter
+    monkeypatch.setattr(sample, "top_k_top_p_filter",
+                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    sampler = sample.Sampler(seed=0)
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    plain = [SamplingParams(temperature=0.7), SamplingParams(), SamplingParams(temperature=1.3)]
+    args = sample.BatchSamplingArgs.from_params(plain)
+    assert not args.any_filter
+    sampler.sample(logits, args)
+    assert calls == []
+    args = sample.BatchSamplingArgs.from_params(plain[:2] + [SamplingParams(top_p=0.9)])
+    assert args.any_filter and args.top_p.dtype == torch.float32 and args.top_k.dtype == torch.int64
+    sampler.sample(logits, args)
+    assert calls == [1]
