@@ -13,6 +13,8 @@ Families (hidden 64, 4 query heads, 2 KV heads, head_dim 16, 2 layers, float32):
     mistral   Mistral
     qwen3moe  Qwen3-MoE: 8 experts, top-2, ``norm_topk_prob=True`` (the Hugging Face default is
               False), checkpoint in the per-expert layout ``mlp.experts.{i}.{gate,up,down}_proj``
+    qwen3moe_nonorm  Qwen3-MoE (as qwen3moe) with ``norm_topk_prob=False``, so the two routing
+              weights of a token sum to less than 1, and a dense first layer (``mlp_only_layers``)
     qwen2bytes  Qwen2 (as qwen2) with a byte-level BPE of its own over all 256 bytes, trained on
               ``TEXT`` and ``MULTIBYTE_TEXT`` (accents, CJK, emoji), so that tokens split
               multi-byte characters; Qwen2-Instruct's special tokens, EOS and chat template
@@ -92,7 +94,8 @@ _COMMON = dict(
     tie_word_embeddings=False,
 )
 
-FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe", "qwen2bytes")
+FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe", "qwen2bytes",
+            "qwen3moe_nonorm")
 
 
 def _config(name: str, eos: int):
@@ -119,6 +122,10 @@ def _config(name: str, eos: int):
         return tf.Qwen3MoeConfig(**_COMMON, **ids, rope_theta=1000000.0, num_experts=8,
                                  num_experts_per_tok=2, moe_intermediate_size=32,
                                  norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    if name == "qwen3moe_nonorm":
+        return tf.Qwen3MoeConfig(**_COMMON, **ids, rope_theta=1000000.0, num_experts=8,
+                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                 norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0])
     raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(FAMILIES)}")
 
 
