@@ -1,0 +1,326 @@
+"""Judge a practice exercise against your code.
+
+    python practice/judge.py ID [FILE]     judge FILE (default: your working copy,
+                                           practice/work/ID.py, made from the starter)
+    python practice/judge.py --list        every exercise; the solved ones marked
+    python practice/judge.py --reference ID   judge the hidden reference solution
+
+One line per test (PASS, or FAIL and why), then the verdict. Exit status: 0 when every test
+passes, 1 when one fails, 2 for bad input.
+
+An exercise is a folder `practice/NNN_slug/` (NNN: the chapter's two digits, then the place):
+`exercise.toml`, the statement `README.md`, `starter.py`, `reference.py` and `tests.py`. The
+tests run in a child process (`runner.py`), so an endless loop is cut off after a timeout.
+`steps.py check` calls `verify` for each chapter's exercises.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+PRACTICE = Path(__file__).resolve().parent
+FOLDER = re.compile(r"(\d{3})_[a-z0-9_]+")
+FILES = ("exercise.toml", "README.md", "starter.py", "reference.py", "tests.py")
+FIELDS = {"id": str, "title": str, "chapter": int, "difficulty": str, "runs": str,
+          "function": str, "source": str}
+DIFFICULTIES = ("easy", "medium", "hard")
+RUNS = ("browser", "local")  # browser: pure Python, Pyodide runs it; local: needs torch/numpy
+TEST_LIMIT_S = {"browser": 5, "local": 60}  # one test; a whole exercise takes < 2 s
+TIMEOUT_S = 600  # the child process, whatever its tests do
+
+
+def _load_runner():
+    spec = importlib.util.spec_from_file_location("practice_runner", PRACTICE / "runner.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+runner = _load_runner()
+
+
+class ExerciseError(Exception):
+    """Bad input: an unknown exercise, a missing file, an exercise.toml that does not parse."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    title: str
+    chapter: int
+    difficulty: str
+    runs: str
+    functions: tuple[str, ...]  # what the learner writes ("function" in exercise.toml)
+    source: str  # where the chapter's real code lives, from the repository's root
+    folder: Path
+
+    def file(self, name: str) -> Path:
+        return self.folder / name
+
+    @property
+    def heading(self) -> str:
+        """The statement's first line."""
+        return f"# {self.id} · {self.title} ({self.difficulty})"
+
+    @property
+    def working_copy(self) -> Path:
+        return self.folder.parent / "work" / f"{self.id}.py"
+
+
+# --- the exercises ----------------------------------------------------------------------------
+
+
+def folders(practice: Path = PRACTICE) -> dict[str, Path]:
+    """Exercise id -> its folder, for every `NNN_slug` folder."""
+    found = {}
+    for folder in sorted(practice.iterdir()) if practice.is_dir() else []:
+        match = FOLDER.fullmatch(folder.name)
+        if match and folder.is_dir():
+            if match.group(1) in found:
+                raise ExerciseError(f"two folders for exercise {match.group(1)}: "
+                                    f"{found[match.group(1)].name} and {folder.name}")
+            found[match.group(1)] = folder
+    return found
+
+
+def load(folder: Path) -> Exercise:
+    """The exercise in `folder`, its exercise.toml checked field by field."""
+    path = folder / "exercise.toml"
+    if not path.is_file():
+        raise ExerciseError(f"{folder.name}: no exercise.toml")
+    data = _read_toml(path)
+    where = f"{folder.name}/exercise.toml"
+    for key, kind in FIELDS.items():
+        if not isinstance(data.get(key), kind) or isinstance(data.get(key), bool):
+            raise ExerciseError(f"{where}: {key} must be a {kind.__name__}")
+    unknown = sorted(set(data) - set(FIELDS))
+    if unknown:
+        raise ExerciseError(f"{where}: unknown field {unknown[0]!r}")
+    number = folder.name[:3]
+    if data["id"] != number:
+        raise ExerciseError(f"{where}: id is {data['id']!r}, but the folder says {number}")
+    if data["chapter"] != int(number[:2]):
+        raise ExerciseError(f"{where}: chapter is {data['chapter']}, but id {number} says "
+                            f"{int(number[:2])}")
+    for key, allowed in (("difficulty", DIFFICULTIES), ("runs", RUNS)):
+        if data[key] not in allowed:
+            raise ExerciseError(f"{where}: {key} must be one of {', '.join(allowed)}")
+    functions = tuple(name.strip() for name in data["function"].split(","))
+    if not all(name.isidentifier() for name in functions):
+        raise ExerciseError(f"{where}: function must name Python functions: "
+                            f"{data['function']!r}")
+    return Exercise(data["id"], data["title"], data["chapter"], data["difficulty"],
+                    data["runs"], functions, data["source"], folder)
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: exercise.toml is flat `key = value` lines
+        return _flat_toml(path)
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ExerciseError(f"{path.parent.name}/exercise.toml: {e}") from None
+
+
+def _flat_toml(path: Path) -> dict:
+    data: dict = {}
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, equals, value = line.partition("=")
+            try:
+                data[key.strip()] = ast.literal_eval(value.strip())
+            except (ValueError, SyntaxError):
+                equals = ""
+            if not equals:
+                raise ExerciseError(f"{path.parent.name}/exercise.toml:{number}: not key = value")
+    return data
+
+
+def exercises(practice: Path = PRACTICE) -> list[Exercise]:
+    return [load(folder) for folder in folders(practice).values()]
+
+
+def find(exercise_id: str, practice: Path = PRACTICE) -> Exercise:
+    known = folders(practice)
+    if exercise_id not in known:
+        listed = ", ".join(known) or "none yet"
+        raise ExerciseError(f"no exercise {exercise_id!r} (exercises: {listed})")
+    return load(known[exercise_id])
+
+
+# --- judging ----------------------------------------------------------------------------------
+
+
+def judge(exercise: Exercise, solution: Path) -> tuple[list, str]:
+    """Run the exercise's tests on `solution` in a child process: (outcomes, what the learner's
+    code printed)."""
+    limit = TIMEOUT_S
+    command = [sys.executable, str(PRACTICE / "runner.py"), str(solution),
+               str(exercise.file("tests.py")), str(TEST_LIMIT_S[exercise.runs])]
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env,
+                              cwd=exercise.folder)
+    except subprocess.TimeoutExpired:
+        message = f"the tests took longer than {limit:g} s (an endless loop?)"
+        return [runner.Outcome("timeout", False, message)], ""
+    try:
+        result = json.loads(done.stdout)
+    except ValueError:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return [runner.Outcome("runner", False, f"the judge crashed: {last}")], done.stderr
+    return [runner.Outcome(**o) for o in result["outcomes"]], done.stderr
+
+
+def problems(exercise: Exercise, repository: Path) -> list[str]:
+    """What is wrong with the exercise's files, without running them."""
+    found = [f"{name} is missing" for name in FILES if not exercise.file(name).is_file()]
+    if found:
+        return found
+    first = exercise.file("README.md").read_text(encoding="utf-8").split("\n", 1)[0]
+    if first.strip() != exercise.heading:
+        found.append(f"README.md begins {first!r}, not {exercise.heading!r}")
+    if not (repository / exercise.source).is_file():
+        found.append(f"source {exercise.source} does not exist")
+    for name in ("starter.py", "reference.py", "tests.py"):
+        found += _source_problems(exercise, name)
+    return found
+
+
+def _source_problems(exercise: Exercise, name: str) -> list[str]:
+    try:
+        tree = ast.parse(exercise.file(name).read_text(encoding="utf-8"), name)
+    except SyntaxError as e:
+        return [f"{name} does not parse: {e.msg} (line {e.lineno})"]
+    found = []
+    if name != "tests.py":
+        defined = {node.name for node in tree.body
+                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        found += [f"{name} does not define {f}" for f in exercise.functions if f not in defined]
+    elif not any(isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+                 for n in tree.body):
+        found.append("tests.py has no test_ function")
+    if exercise.runs == "browser":
+        outside = sorted(_imports(tree) - set(sys.stdlib_module_names))
+        found += [f"{name} imports {m}: a browser exercise is pure Python" for m in outside]
+    return found
+
+
+def _imports(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def verify(exercise: Exercise, repository: Path) -> list[str]:
+    """Everything `steps.py check` asks of an exercise: its files, then that the starter fails
+    and the reference passes."""
+    found = problems(exercise, repository)
+    if found:
+        return found
+    starter, _ = judge(exercise, exercise.file("starter.py"))
+    if runner.all_passed(starter):
+        found.append("the starter passes the tests")
+    reference, _ = judge(exercise, exercise.file("reference.py"))
+    found += [f"the reference fails {o.name}: {o.message}" for o in reference if not o.passed]
+    return found
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def _shown(path: Path) -> str:
+    """Relative to where the learner stands when it is below it."""
+    path = path.resolve()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
+def cmd_judge(exercise: Exercise, file: Path | None, reference: bool) -> int:
+    if reference:
+        file = exercise.file("reference.py")
+    elif file is None:
+        file = exercise.working_copy
+        if not file.exists():
+            file.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(exercise.file("starter.py"), file)
+            print(f"created {_shown(file)} from the starter: write your solution there")
+    if not file.is_file():
+        raise ExerciseError(f"no file {_shown(file)}")
+    print(f"judging {_shown(file)}: {exercise.id} · {exercise.title} ({exercise.difficulty})")
+    outcomes, printed = judge(exercise, file)
+    if printed.strip():
+        print("your code printed:\n" + printed.rstrip())
+    for line in runner.report(outcomes):
+        print(line)
+    return 0 if runner.all_passed(outcomes) else 1
+
+
+def cmd_list() -> int:
+    rows = [("id", "chapter", "difficulty", "runs", "solved", "title")]
+    for exercise_id, folder in folders().items():
+        try:
+            exercise = load(folder)
+        except ExerciseError as e:
+            rows.append((exercise_id, "", "", "", "", f"(invalid: {e})"))
+            continue
+        rows.append((exercise.id, str(exercise.chapter), exercise.difficulty, exercise.runs,
+                     _solved(exercise), exercise.title))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    print("solved: yes when practice/work/ID.py passes, no when it does not, - when not begun")
+    return 0
+
+
+def _solved(exercise: Exercise) -> str:
+    if not exercise.working_copy.is_file():
+        return "-"
+    outcomes, _ = judge(exercise, exercise.working_copy)
+    return "yes" if runner.all_passed(outcomes) else "no"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, status 2
+        raise ExerciseError(f"{message} (see --help)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="judge.py", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("id", nargs="?", help="the exercise, e.g. 171")
+    parser.add_argument("file", nargs="?", type=Path, help="your solution")
+    parser.add_argument("--list", action="store_true", help="every exercise")
+    parser.add_argument("--reference", action="store_true", help="judge the reference")
+    try:
+        args = parser.parse_args(argv)
+        if args.list:
+            return cmd_list()
+        if args.id is None:
+            raise ExerciseError("name an exercise, e.g. judge.py 171 (or --list)")
+        if args.reference and args.file:
+            raise ExerciseError("--reference judges the reference: give no FILE")
+        return cmd_judge(find(args.id), args.file, args.reference)
+    except ExerciseError as e:
+        print(f"judge.py: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
