@@ -25,6 +25,9 @@ class EngineConfig:
     nvtx: bool = False  # NVTX ranges around the phases, for Nsight Systems (CUDA only)
     # decode batches up to this size run as CUDA graphs; None: 256 on a GPU, none on a CPU
     cuda_graph_max_bs: int | None = None
+    tp_size: int = 1  # tensor parallelism: ranks (processes, one GPU each) sharing every layer
+    tp_rank: int = 0  # which of them this process is (set by the launcher, chapter 19)
+    dist_init_addr: str | None = None  # where the ranks meet: "file://..." or "tcp://host:port"
 
     def __post_init__(self) -> None:
         if self.page_size < 1:
@@ -33,5 +36,7 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
             raise ValueError(f"cuda_graph_max_bs must be >= 0, got {self.cuda_graph_max_bs}")
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ValueError(f"tp_rank must be in [0, tp_size={self.tp_size}), got {self.tp_rank}")
         if self.max_running_req < 1:
             raise ValueError(f"max_running_req must be >= 1, got {self.max_running_req}")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import torch
 
+from minisgl.distributed import get_tp_info
 from minisgl.models.config import ModelConfig
-from minisgl.utils.misc import div_even, get_tp_info
+from minisgl.utils.misc import div_even
 
 from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache
 from .mha_pool import MHAKVCachePool

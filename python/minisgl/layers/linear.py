@@ -5,7 +5,8 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from minisgl.utils.misc import div_even, get_tp_info
+from minisgl.distributed import DistributedCommunicator, get_tp_info
+from minisgl.utils.misc import div_even
 
 from .base import BaseOP
 
@@ -80,14 +81,18 @@ class LinearRowParallel(_Linear):
     """The input features are split over the ranks: each computes a partial sum of ``y``.
 
     It follows a column-parallel layer (``o_proj`` after attention, ``down_proj`` after the MLP),
-    whose output slice is exactly this layer's input slice.
+    whose output slice is exactly this layer's input slice, so nothing is exchanged between the
+    two; the partial sums are added up once, here.
     """
 
     def __init__(self, input_size: int, output_size: int, has_bias: bool = False):
-        tp_size = get_tp_info().size
-        super().__init__(div_even(input_size, tp_size), output_size, has_bias)
+        self.tp_size = get_tp_info().size
+        self._comm = DistributedCommunicator()
+        super().__init__(div_even(input_size, self.tp_size), output_size, has_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
-        # with several ranks the partial sums are all-reduced here, before the bias (chapter 19)
+        if self.tp_size > 1:
+            y = self._comm.all_reduce(y)  # the sum of the ranks' partial products
+        # the bias once, after the sum: added on every rank before it, it would count tp_size times
         return y if self.bias is None else y + self.bias

@@ -3,6 +3,9 @@
 Checkpoints store q, k and v apart, gate and up apart, and every expert apart; our layers hold
 them merged (one matmul each). ``load_weights`` buffers the parts of a merged tensor until the
 last one arrives, then yields the merged tensor and lets the parts go.
+
+Under tensor parallelism (chapter 19) each rank keeps only its shard of every tensor, cut as the
+tensor arrives, before any merging: a rank never holds more than one whole tensor at a time.
 """
 
 from __future__ import annotations
@@ -14,13 +17,22 @@ from typing import Callable, Dict, Iterator, List, Tuple
 import torch
 from safetensors import safe_open
 
+from minisgl.distributed import get_tp_info
+from minisgl.layers.embedding import vocab_range
 from minisgl.utils.hf import safetensors_files
+from minisgl.utils.misc import div_even
 
 from .config import ModelConfig
 
 _QKV = re.compile(r"(.+\.self_attn)\.(q|k|v)_proj\.(weight|bias)")
 _GATE_UP = re.compile(r"(.+\.mlp)\.(gate|up)_proj\.weight")
 _EXPERT = re.compile(r"(.+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+
+# sharded by rows (column parallel: output features) and by columns (row parallel: input features)
+_BY_ROWS = re.compile(r".+\.(self_attn\.[qkv]_proj\.(weight|bias)"
+                      r"|mlp\.(experts\.\d+\.)?(gate|up)_proj\.weight)")
+_BY_COLS = re.compile(r".+\.(self_attn\.o_proj|mlp\.(experts\.\d+\.)?down_proj)\.weight")
+_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 Combine = Callable[[List[torch.Tensor]], torch.Tensor]
 
@@ -55,6 +67,26 @@ def _merge_rule(name: str, num_experts: int) -> Tuple[str, List[str], Combine] |
     return None
 
 
+def shard(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a checkpoint tensor, as its layer holds it: q/k/v (by heads), gate and
+    up (dense, or each expert's) split along their output rows; o_proj and down (each expert's
+    too) along their input columns; the vocabulary by rows, padded to an equal share. Norms, the
+    MoE router and row-parallel biases stay whole."""
+    tp = get_tp_info()
+    if tp.size == 1:
+        return tensor
+    if name in _VOCAB:
+        start, end, rows = vocab_range(tensor.shape[0])
+        part = tensor.new_zeros(rows, *tensor.shape[1:])
+        part[: end - start] = tensor[start:end]
+        return part
+    dim = 0 if _BY_ROWS.fullmatch(name) else 1 if _BY_COLS.fullmatch(name) else None
+    if dim is None:
+        return tensor
+    size = div_even(tensor.shape[dim], tp.size)
+    return tensor.narrow(dim, tp.rank * size, size).clone()  # the whole tensor can go now
+
+
 def iter_checkpoint(model_dir: str | Path) -> Iterator[Tuple[str, torch.Tensor]]:
     """Every tensor of every shard, read one at a time (never a whole file at once)."""
     for file in safetensors_files(model_dir):
@@ -71,14 +103,15 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> Iterator[Tuple[s
         experts.{e}.gate_proj, .up_proj   -> mlp.experts.gate_up_proj  [E, 2 * I, H]
         experts.{e}.down_proj             -> mlp.experts.down_proj     [E, H, I]
 
-    The MoE router stays ``mlp.gate.weight``. A tied model without ``lm_head.weight`` gets the
-    embedding's tensor under that name.
+    Under tensor parallelism each size above that depends on Hq, Hkv, I or the vocabulary is
+    this rank's share (``shard``). The MoE router stays ``mlp.gate.weight``. A tied model
+    without ``lm_head.weight`` gets the embedding's tensor (this rank's rows) under that name.
     """
     # merged name -> (the names of all its parts, the parts read so far)
     pending: Dict[str, Tuple[List[str], Dict[str, torch.Tensor]]] = {}
     embedding, has_lm_head = None, False
     for name, tensor in iter_checkpoint(model_dir):
-        # (chapter 19 cuts this rank's shard of the tensor here, before merging)
+        tensor = shard(name, tensor)  # this rank's part only, before merging
         if name == "model.embed_tokens.weight":
             embedding = tensor
         has_lm_head = has_lm_head or name == "lm_head.weight"

@@ -1,5 +1,10 @@
 """The scheduler process: requests come in over ZMQ, each step's new tokens go out to the
-detokenizer. The Scheduler itself (chapters 7-9) is unchanged; this file puts sockets around it."""
+detokenizer. This file puts sockets around the Scheduler (chapters 7-9, 18).
+
+Under tensor parallelism (chapter 19) there is one scheduler process per rank. Only rank 0 has
+sockets: it passes every message it receives on to the other ranks by broadcast, so all ranks
+run the same steps, and only rank 0 sends tokens back.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,12 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List
 
 from minisgl.core import Req
+from minisgl.distributed import (
+    broadcast_objects,
+    destroy_distributed,
+    get_tp_info,
+    init_distributed,
+)
 from minisgl.message import (
     AbortBackendMsg,
     BaseBackendMsg,
@@ -32,6 +43,7 @@ class SchedulerIO:
         self._recv = ZmqPullQueue(backend_addr, create=True, decoder=BaseBackendMsg.decoder)
         self._send = ZmqPushQueue(detokenizer_addr, create=False,
                                   encoder=BaseTokenizerMsg.encoder)
+        self.tp_size = get_tp_info().size
 
     def receive(self, block: bool) -> List[BaseBackendMsg]:
         """Every message that has arrived, batches unpacked. With ``block`` (nothing to run), it
@@ -43,8 +55,9 @@ class SchedulerIO:
             msgs.append(ExitMsg() if first is None else first)
         while (msg := self._recv.get_nowait()) is not None:
             msgs.append(msg)
-        return [m for msg in msgs for m in (msg.data if isinstance(msg, BatchBackendMsg)
+        msgs = [m for msg in msgs for m in (msg.data if isinstance(msg, BatchBackendMsg)
                                             else [msg])]
+        return broadcast_objects(msgs) if self.tp_size > 1 else msgs  # the same to every rank
 
     def send(self, msgs: List[DetokenizeMsg]) -> None:
         """One step's messages in one send."""
@@ -56,6 +69,20 @@ class SchedulerIO:
     def close(self) -> None:
         self._recv.close()
         self._send.close()
+
+
+class FollowerIO:
+    """The I/O of a rank other than 0: rank 0's messages, by broadcast (it blocks until they
+    come); its tokens are rank 0's too, which sends them, so it sends nothing."""
+
+    def receive(self, block: bool) -> List[BaseBackendMsg]:
+        return broadcast_objects(None)
+
+    def send(self, msgs: List[DetokenizeMsg]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 @dataclass
@@ -77,7 +104,7 @@ class SchedulerLoop:
         self._by_uid: Dict[int, _Running] = {}  # frontend uid -> running request
         self._by_req: Dict[int, _Running] = {}  # Req.uid -> running request
 
-    def run(self, io: SchedulerIO) -> None:
+    def run(self, io: SchedulerIO | FollowerIO) -> None:
         while True:
             for msg in io.receive(block=self.scheduler.idle):
                 if isinstance(msg, ExitMsg):
@@ -109,19 +136,14 @@ class SchedulerLoop:
         return self._new_tokens(out)
 
     def abort(self, uid: int) -> None:
-        """Drop the request wherever it is (waiting, mid-prefill, decoding) and give back its
-        row and pages, as if it had finished; its computed prefix stays in the prefix cache."""
+        """Drop the request wherever it is (waiting, mid-prefill, decoding, in a launched batch)
+        and give back its row and pages, as if it had finished; its computed prefix stays in
+        the prefix cache."""
         run = self._by_uid.pop(uid, None)
         if run is None:
             return  # finished already, or refused
         del self._by_req[run.req.uid]
-        req, s = run.req, self.scheduler
-        if req in s.prefill_manager.waiting:
-            s.prefill_manager.waiting.remove(req)
-        s.decode_manager.remove_req(req)
-        if req.table_idx >= 0:  # admitted: it holds a row, pages and a lock on its prefix
-            s.cache_manager.cache_req(req, finished=True)
-            s.table_manager.free(req.table_idx)
+        self.scheduler.abort(run.req)  # with overlap, once the batch in flight is done
 
     def _new_tokens(self, out: StepOutput) -> List[DetokenizeMsg]:
         finished = {req.uid for req in out.finished}
@@ -146,13 +168,37 @@ class SchedulerLoop:
 
 def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
                   ready: Callable[[], None] = lambda: None) -> None:
-    """The scheduler process: build the engine, bind the socket, say ready, serve until an exit
-    message (or the parent's end)."""
-    scheduler = Scheduler(config)
+    """The scheduler process (rank 0): build the engine, bind the socket, say ready, serve until
+    an exit message (or the parent's end)."""
+    scheduler = start_rank(config)
     io = SchedulerIO(backend_addr, detokenizer_addr)
     ready()
     try:
         SchedulerLoop(scheduler).run(io)
     finally:
         io.close()
-        scheduler.shutdown()
+        stop_rank(scheduler)
+
+
+def run_follower(config: SchedulerConfig, ready: Callable[[], None] = lambda: None) -> None:
+    """The scheduler process of a rank other than 0: the same loop, fed by rank 0."""
+    scheduler = start_rank(config)
+    ready()
+    try:
+        SchedulerLoop(scheduler).run(FollowerIO())
+    finally:
+        stop_rank(scheduler)
+
+
+def start_rank(config: SchedulerConfig) -> Scheduler:
+    """Join the other ranks (under tensor parallelism), then build this rank's scheduler."""
+    if config.tp_size > 1:
+        assert config.dist_init_addr is not None, "the launcher gives the ranks an address"
+        init_distributed(config.tp_rank, config.tp_size, config.dist_init_addr, config.device)
+    return Scheduler(config)
+
+
+def stop_rank(scheduler: Scheduler) -> None:
+    scheduler.shutdown()
+    if scheduler.config.tp_size > 1:
+        destroy_distributed()

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                    default=d.attention_backend,
                    help="the attention backend, by name (default: the best for the device)")
     p.add_argument("--device", default=d.device, help="cpu, cuda, or auto")
+    p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int,
+                   default=d.tp_size, help="tensor parallelism: one process (and GPU) per rank")
     p.add_argument("--shell", "--shell-mode", action="store_true",
                    help="an interactive shell, not a server")
     p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,

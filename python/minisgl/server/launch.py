@@ -3,6 +3,9 @@ then the HTTP API in this process, until a signal or a dying worker stops everyt
 
     API server --TokenizeMsg--> tokenizer --UserMsg--> scheduler
     API server <--UserReply-- detokenizer <--DetokenizeMsg-- scheduler
+
+With ``--tp-size N`` the scheduler is N processes, one per rank: rank 0 is the one above, and
+it hands every message on to ranks 1..N-1 (chapter 19).
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import asyncio
 import sys
 import threading
 import time
+from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import wait
 from typing import Any, Callable
@@ -20,7 +24,7 @@ import uvicorn
 from minisgl import env
 from minisgl.message import BaseTokenizerMsg, ExitMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
-from minisgl.scheduler.io import SchedulerIO, SchedulerLoop
+from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_follower, start_rank, stop_rank
 from minisgl.tokenizer.server import tokenizer_worker
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import Stopped, Workers, ZmqPushQueue
@@ -47,8 +51,9 @@ class _PublishingLoop(SchedulerLoop):
 
 def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
                   stats: Any, ready: Callable[[], None]) -> None:
-    """The scheduler process, as chapter 12 runs it, with its gauges shared with /metrics."""
-    scheduler = Scheduler(config)
+    """The scheduler process (rank 0), as chapter 12 runs it, with its gauges shared with
+    /metrics."""
+    scheduler = start_rank(config)
     io = SchedulerIO(backend_addr, detokenizer_addr)
     loop = _PublishingLoop(scheduler, SchedulerStats(stats))
     ready()
@@ -56,14 +61,18 @@ def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: 
         loop.run(io)
     finally:
         io.close()
-        scheduler.shutdown()
+        stop_rank(scheduler)
 
 
 def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> None:
-    """The scheduler and the tokenizer worker, their sockets in the run's own directory."""
-    workers.start("scheduler", run_scheduler, config=args.scheduler_config(),
+    """The scheduler (one process per rank) and the tokenizer worker, their sockets in the
+    run's own directory; the ranks meet at a file there too."""
+    config = replace(args.scheduler_config(), dist_init_addr=f"file://{workers.ipc_dir}/tp")
+    workers.start("scheduler", run_scheduler, config=config,
                   backend_addr=workers.addr("scheduler"),
                   detokenizer_addr=workers.addr("tokenizer"), stats=stats.array)
+    for rank in range(1, config.tp_size):
+        workers.start(f"scheduler-{rank}", run_follower, config=replace(config, tp_rank=rank))
     workers.start("tokenizer", tokenizer_worker, model_path=args.model_path,
                   inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
                   frontend_addr=workers.addr("frontend"))
