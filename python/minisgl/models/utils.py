@@ -4,7 +4,7 @@ import torch
 
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.base import BaseOP
-from minisgl.layers.linear import LinearColParallelMerged, LinearRowParallel
+from minisgl.layers.linear import LinearColParallelMerged, LinearReplicated, LinearRowParallel
 
 from .config import ModelConfig
 
@@ -26,11 +26,25 @@ class GatedMLP(BaseOP):
         return self.down_proj.forward(silu_and_mul(self.gate_up_proj.forward(x)))
 
 
+class MoEMLP(BaseOP):
+    def __init__(self, config: ModelConfig):
+        from minisgl.layers.moe import MoELayer  # chapter 20's file: imported only when MoE is used
+
+        self.experts = MoELayer(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            renormalize=config.norm_topk_prob,
+        )
+        self.gate = LinearReplicated(config.hidden_size, config.num_experts, has_bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.experts.forward(hidden_states=x, router_logits=self.gate.forward(x))
+
+
 def build_mlp(config: ModelConfig, layer_id: int) -> BaseOP:
     """The MLP of decoder layer ``layer_id``: the one place a layer's MLP kind is decided."""
     if config.is_moe_layer(layer_id):
-        raise NotImplementedError(
-            f"layer {layer_id} of this {config.architecture} is a mixture of experts: "
-            "MoE models arrive in chapter 20"
-        )
+        return MoEMLP(config)
     return GatedMLP(config)
