@@ -105,7 +105,7 @@ def _layers_on_rank(rank: int, addr: str) -> None:
     """Rank ``rank`` of 2 (a spawned process): each parallel layer on its shard, against the
     whole computation on full weights drawn from the same seed."""
     import torch.nn.functional as F
-    from minisgl.distributed import destroy_distributed, init_distributed
+    from minisgl.distributed import destroy_distributed, init_distributed, min_across_ranks
     from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
     from minisgl.layers.linear import LinearColParallel, LinearRowParallel
     from minisgl.models.weight import shard
@@ -126,6 +126,7 @@ def _layers_on_rank(rank: int, addr: str) -> None:
     head.weight = shard("lm_head.weight", table)
     assert torch.equal(embed.forward(ids), F.embedding(ids, table))  # one rank's row, plus zeros
     torch.testing.assert_close(head.forward(x), F.linear(x, table))  # [5, 11]: padding cut
+    assert min_across_ranks(10 - 3 * rank) == 7  # the KV pages every rank can hold
     destroy_distributed()
 
 

@@ -5,6 +5,7 @@ from .impl import (
     broadcast_objects,
     destroy_distributed,
     init_distributed,
+    min_across_ranks,
 )
 from .info import DistributedInfo, get_tp_info, set_tp_info
 
@@ -15,5 +16,6 @@ __all__ = [
     "destroy_distributed",
     "get_tp_info",
     "init_distributed",
+    "min_across_ranks",
     "set_tp_info",
 ]

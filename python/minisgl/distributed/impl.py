@@ -69,3 +69,13 @@ def broadcast_objects(obj: Any) -> Any:
     box = [obj]
     dist.broadcast_object_list(box, src=0, group=_cpu_group)
     return box[0]
+
+
+def min_across_ranks(value: int) -> int:
+    """The smallest of the ranks' ``value``s, on every rank: the KV pages each can hold differ
+    with each GPU's free memory, and all must schedule with the same number."""
+    if get_tp_info().size == 1:
+        return value
+    box = torch.tensor([value])
+    dist.all_reduce(box, op=dist.ReduceOp.MIN, group=_cpu_group)
+    return int(box.item())
