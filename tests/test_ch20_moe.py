@@ -19,8 +19,6 @@ from helpers import ROOT, build_llm, encode, greedy, hf_greedy, hf_model
 CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # conftest sets it on a machine w/o GPU
-needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="Triton is not installed "
-                                  "(there is no Triton package for macOS)")
 # in this process the fused kernel runs on a CPU only in the interpreter, on a GPU only compiled
 fused_here = pytest.mark.skipif(not HAS_TRITON or not (CUDA or INTERPRETED),
                                 reason="needs Triton: compiled on CUDA or interpreted on a CPU")
@@ -192,7 +190,8 @@ def test_engine_creates_the_moe_backend(tiny_models) -> None:
 # ---- the fused backend ----------------------------------------------------------------------
 
 
-@needs_triton
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed (there is no Triton package for macOS)")
 def test_fused_triton_moe_in_interpreter():
     code = """
 import torch
