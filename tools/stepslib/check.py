@@ -5,13 +5,17 @@ The steps of a chapter:
   2. the package is closed: every `minisgl` import names a module and a name of the tree;
   3. the main's prints equal the recorded ones;
   4. the chapter's tests pass on its tree (with `cumulative`, every test up to it);
-  5. every directive of the chapter's text resolves.
+  5. every directive of the chapter's text resolves;
+  6. the chapter's practice exercises (`practice/NNN_slug/`, NNN starting with the chapter's
+     number) are sound: exercise.toml's fields, the statement's first line, the starter fails
+     the tests and the reference passes them (practice/judge.py's `verify`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import json
 import platform
 import sys
@@ -22,7 +26,7 @@ import xml.etree.ElementTree as ET
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from . import runner
 from .book import Book, Chapter
@@ -32,6 +36,8 @@ from .tree import package_files, tree_at, write_tree
 
 CACHE = ".steps-cache/results"
 TOOL_DIR = Path(__file__).resolve().parent
+PRACTICE = "practice"
+JUDGE = f"{PRACTICE}/judge.py"
 
 
 @dataclass
@@ -79,6 +85,8 @@ def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
     result.steps["text"] = "ok" if not problems else f"{len(problems)} unresolved"
     if problems:
         result.fail("text", result.steps["text"], "\n".join(map(str, problems)))
+    if options.against is None:
+        _check_practice(book, chapter, result)
     if not options.static:
         with tempfile.TemporaryDirectory(prefix=f"steps-{chapter.id}-") as scratch:
             tree = Path(scratch)
@@ -109,6 +117,57 @@ def _check_closure(book: Book, chapter: Chapter, result: Result) -> None:
 def _package_sources(book: Book, chapter: Chapter) -> dict[str, Path]:
     tree = tree_at(book, chapter)
     return {p: tree[f"{book.package_root}/{p}"] for p in package_files(book, chapter)}
+
+
+def _check_practice(book: Book, chapter: Chapter, result: Result) -> None:
+    """Every exercise of the chapter, verified by the book's own judge; none is not a failure."""
+    judge = _judge(book)
+    if judge is None:
+        return
+    try:
+        folders = _exercise_folders(book, chapter, judge)
+    except judge.ExerciseError as e:
+        result.fail("practice", "invalid", str(e))
+        return
+    problems = []
+    for folder in folders:
+        try:
+            found = judge.verify(judge.load(folder), book.root)
+        except judge.ExerciseError as e:  # it names the file: NNN_slug/exercise.toml
+            problems.append(f"{PRACTICE}/{e}")
+            continue
+        problems += [f"{PRACTICE}/{folder.name}: {problem}" for problem in found]
+    if not folders:
+        return
+    result.steps["practice"] = f"{len(folders)} ok" if not problems else f"{len(problems)} wrong"
+    if problems:
+        result.fail("practice", result.steps["practice"], "\n".join(problems))
+
+
+def _exercise_folders(book: Book, chapter: Chapter, judge: Any) -> list[Path]:
+    found = judge.folders(book.root / PRACTICE)
+    return [folder for exercise_id, folder in found.items()
+            if int(exercise_id[:2]) == chapter.number]
+
+
+_judges: dict[Path, Any] = {}
+_judges_lock = threading.Lock()
+
+
+def _judge(book: Book) -> Any:
+    """The book's practice/judge.py as a module (None for a book without one), loaded once."""
+    path = book.root / JUDGE
+    if not path.is_file():
+        return None
+    with _judges_lock:
+        if path not in _judges:
+            name = "steps_judge_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            _judges[path] = module
+        return _judges[path]
 
 
 def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, result: Result) -> None:
@@ -157,6 +216,11 @@ def cache_key(book: Book, chapter: Chapter, options: Options) -> str:
     sources = dict(tree_at(book, chapter))
     for name in (TEXT, PRINTS):
         sources[f"{chapter.folder}/{name}"] = book.root / chapter.folder / name
+    practice = book.root / PRACTICE
+    exercises = practice.glob(f"{chapter.number:02d}[0-9]_*/**/*") if practice.is_dir() else []
+    for path in [practice / "judge.py", practice / "runner.py", *exercises]:
+        if path.is_file() and "__pycache__" not in path.parts:
+            sources[path.relative_to(book.root).as_posix()] = path
     for path, source in sorted(sources.items()):
         digest.update(f"{path}\0{_file_digest(source)}\0".encode())
     return digest.hexdigest()
@@ -293,13 +357,13 @@ class _Progress:
 
 
 def summary_table(results: list[Result]) -> str:
-    rows = [("chapter", "title", "imports", "main", "tests", "text", "result")]
+    rows = [("chapter", "title", "imports", "main", "tests", "text", "practice", "result")]
     for r in results:
         status = "skipped" if r.status == "skip" else r.status
         outcome = status + (f": {r.reason}" if r.reason else "") + (" (cached)" * r.cached)
         rows.append((r.chapter.id, r.chapter.title[:34], r.steps.get("imports", "-"),
                      r.steps.get("main", "-"), r.steps.get("tests", "-"),
-                     r.steps.get("text", "-"), outcome))
+                     r.steps.get("text", "-"), r.steps.get("practice", "-"), outcome))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
