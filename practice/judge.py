@@ -168,7 +168,7 @@ def judge(exercise: Exercise, solution: Path) -> tuple[list, str]:
     """Run the exercise's tests on `solution` in a child process: (outcomes, what the learner's
     code printed)."""
     limit = TIMEOUT_S
-    command = [sys.executable, str(PRACTICE / "runner.py"), str(solution),
+    command = [sys.executable, str(PRACTICE / "runner.py"), str(solution.resolve()),
                str(exercise.file("tests.py")), str(TEST_LIMIT_S[exercise.runs])]
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
     try:

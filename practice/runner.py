@@ -81,7 +81,7 @@ def run(solution_source: str, tests_source: str, limit_s: float | None = None) -
     tests = load_module("practice_tests", tests_source, TESTS_FILE)  # its errors are ours
     try:
         solution = load_module("solution", solution_source, SOLUTION_FILE)
-    except (Exception, SystemExit) as e:
+    except (Exception, SystemExit, KeyboardInterrupt) as e:
         return [Outcome(LOAD, False, f"the file does not load: {describe(e)}")]
     outcomes: list[Outcome] = []
     try:
@@ -103,7 +103,8 @@ def _run_one(name: str, test: Callable, solution: types.ModuleType,
             test(solution)
     except _TimedOut:
         return Outcome(name, False, f"{TIMED_OUT} {limit_s:g} s (an endless loop?)")
-    except (Exception, SystemExit) as e:  # SystemExit: a solution that calls sys.exit
+    # SystemExit: a solution that calls sys.exit; KeyboardInterrupt: one that raises it
+    except (Exception, SystemExit, KeyboardInterrupt) as e:
         return Outcome(name, False, describe(e))
     return Outcome(name, True)
 

@@ -103,6 +103,12 @@ def test_an_error_in_the_learners_function_names_its_line() -> None:
     assert outcomes[2].passed  # [0, 0][0] == 0
 
 
+def test_a_keyboard_interrupt_in_the_learners_code_is_a_failure_not_a_crash() -> None:
+    outcomes = runner.run("def add(a, b):\n    raise KeyboardInterrupt\n", TESTS)
+    assert not any(o.passed for o in outcomes) and len(outcomes) == 3
+    assert outcomes[0].message.startswith("KeyboardInterrupt")
+
+
 def test_a_missing_function_fails_each_test() -> None:
     outcomes = runner.run("def plus(a, b):\n    return a + b\n", TESTS)
     assert not any(o.passed for o in outcomes)
@@ -205,6 +211,13 @@ def test_a_file_that_does_not_load_gets_one_fail_line(practice: Path, tmp_path: 
     assert done.stdout.splitlines()[1:] == [
         "FAIL load: the file does not load: SyntaxError: '[' was never closed (your code, "
         "line 2)", "FAILED: the file does not load"]
+
+
+def test_a_relative_path_is_judged_like_an_absolute_one(practice: Path) -> None:
+    """The learner types the path from the repository's root; the tests run elsewhere."""
+    done = _judge(practice, "171", f"practice/{EXAMPLE}/reference.py")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1] == "PASSED: all 9 tests"
 
 
 def test_what_the_learners_code_prints_is_shown_apart(practice: Path, tmp_path: Path) -> None:
