@@ -100,6 +100,25 @@ class Req:
         self.output_ids.append(token_id)
         self.device_len = len(self.input_ids) + len(self.output_ids)
 
+    @property
+    def num_sampled(self) -> int:
+        """Tokens sampled so far, a token still on its way to the host included (chapter 18)."""
+        return max(self.device_len - len(self.input_ids), 0)
+
+    @property
+    def can_decode(self) -> bool:
+        """Below max_tokens, counting the tokens the host has not received yet."""
+        return self.device_len < self.max_len
+
+    def sampled_on_device(self) -> None:
+        """A forward has sampled its next token, which the host does not have yet (chapter 18):
+        the next forward runs it from the device, so it counts in ``device_len`` already."""
+        self.device_len += 1
+
+    def append_host(self, token_id: int) -> None:
+        """The host receives the token ``sampled_on_device`` counted already."""
+        self.output_ids.append(token_id)
+
     def is_finished(self, eos_token_id: int | Collection[int] | None) -> bool:
         """Out of tokens, or just produced EOS (unless the request ignores it). ``eos_token_id``
         is one id or several (a model may name more than one), or None."""
@@ -126,6 +145,7 @@ class Batch:
     input_ids: torch.Tensor | None = field(default=None, repr=False)
     positions: torch.Tensor | None = field(default=None, repr=False)
     out_loc: torch.Tensor | None = field(default=None, repr=False)
+    table_rows: torch.Tensor | None = field(default=None, repr=False)  # [T] each token's row
     # the new tokens whose logits are sampled (each request's last); None: every token's
     logits_rows: torch.Tensor | None = field(default=None, repr=False)
     attn_metadata: Any = field(default=None, repr=False)  # the attention backend's, per batch

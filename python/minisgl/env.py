@@ -25,3 +25,9 @@ def failure_grace_s() -> float:
     """After a worker dies: how long the server answers 503 (so clients learn why) before it
     exits."""
     return _float("MINISGL_FAILURE_GRACE_S", 2.0)
+
+
+def disable_overlap_scheduling() -> bool:
+    """``MINISGL_DISABLE_OVERLAP_SCHEDULING=1`` (or true, yes): the scheduler waits for each
+    batch's tokens before it schedules the next, whatever its config says (chapter 18)."""
+    return os.environ.get("MINISGL_DISABLE_OVERLAP_SCHEDULING", "").lower() in ("1", "true", "yes")

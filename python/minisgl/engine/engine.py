@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import List
+
 import torch
 
 from minisgl.attention import create_attention_backend
@@ -14,7 +18,7 @@ from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_de
 
 from .config import EngineConfig
 from .graph import GraphRunner
-from .sample import Sampler
+from .sample import Sampler, row_seed
 
 logger = init_logger(__name__)
 
@@ -52,6 +56,10 @@ class Engine:
         self.dummy_req = Req(-1, [0], SamplingParams(max_tokens=1),
                              table_idx=config.max_running_req)
         self.page_table[self.dummy_req.table_idx].fill_(num_slots)
+        # the token each row sampled last, for the next forward to read where the host does not
+        # have it yet (overlap scheduling, chapter 18); the dummy row's stays 0
+        self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.long,
+                                       device=self.device)
 
         self.ctx.attn_backend = self.attn_backend = create_attention_backend(
             config.attention_backend, self.model_config, self.device)
@@ -120,18 +128,26 @@ class Engine:
 
     def prepare_batch(self, batch: Batch) -> None:
         """The batch's tensors, from its requests' tokens and page-table rows (the pages must be
-        given already): input_ids, positions and out_loc [T], the rows whose logits are sampled
-        (each request's last token), then the attention metadata."""
+        given already): input_ids, positions, table_rows and out_loc [T], the rows whose logits
+        are sampled (each request's last token), then the attention metadata.
+
+        A token the host does not have yet (sampled by the batch before, chapter 18) is read
+        from ``last_tokens`` on the device. Nothing here waits for the device."""
         reqs = batch.reqs
-        ids = [t for r in reqs for t in r.new_ids]
+        ids = [t for r in reqs for t in _host_ids(r)]
         positions = [p for r in reqs for p in range(r.cached_len, r.device_len)]
         rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
-        host = torch.tensor([ids, positions, rows], dtype=torch.long)  # one copy, not three
-        batch.input_ids, batch.positions, row_index = host.to(self.device, non_blocking=True)
-        batch.out_loc = self.page_table[row_index, batch.positions].long()
-        if len(ids) > len(reqs):  # some request brings several tokens: sample only the last's
-            ends = torch.tensor([r.extend_len for r in reqs], device=self.device).cumsum(0)
-            batch.logits_rows = ends - 1
+        last = [i - 1 for i in accumulate(r.extend_len for r in reqs)]  # each request's last token
+        # one copy, not four, from pinned memory on a GPU so that it does not wait for the device
+        host = torch.tensor(ids + positions + rows + last, dtype=torch.long,
+                            pin_memory=self.device.type == "cuda")
+        t = len(ids)
+        flat = host.to(self.device, non_blocking=True)
+        host_ids, batch.positions, batch.table_rows = flat[:t], flat[t : 2 * t], flat[2 * t : 3 * t]
+        batch.input_ids = torch.where(host_ids >= 0, host_ids, self.last_tokens[batch.table_rows])
+        batch.out_loc = self.page_table[batch.table_rows, batch.positions].long()
+        if t > len(reqs):  # some request brings several tokens: sample only the last's
+            batch.logits_rows = flat[3 * t :]
         self.attn_backend.prepare_metadata(batch)
 
     @torch.inference_mode()
@@ -154,7 +170,24 @@ class Engine:
         with self.timer.phase("sample"):
             for req in batch.reqs:
                 req.complete_forward()
-            return self.sampler.sample(logits.float(), self.sampler.prepare(batch))
+            args = self.sampler.prepare(batch)
+            # a seeded draw's step counts the tokens the host has not received yet (chapter 18)
+            args.row_seeds = [row_seed(r.sampling_params.seed, r.num_sampled) for r in batch.reqs]
+            tokens = self.sampler.sample(logits.float(), args)
+            rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
+            self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
+            return tokens
+
+    def start_copy_to_host(self, tokens: torch.Tensor) -> HostTokens:
+        """Start copying sampled tokens to the host without waiting for them: on a GPU into
+        pinned memory, with an event recorded after the copy (chapter 18)."""
+        if self.device.type != "cuda":
+            return HostTokens(tokens)
+        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host.copy_(tokens, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record()
+        return HostTokens(host, copied)
 
     def shutdown(self) -> None:
         """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
@@ -162,3 +195,23 @@ class Engine:
         groups."""
         self.graph_runner.destroy()
         self.ctx.kv_cache = self.ctx.page_table = None
+
+
+@dataclass
+class HostTokens:
+    """A batch's sampled tokens on their way to the host (chapter 18). ``tolist`` waits for
+    their copy alone (its event), not for the batches the device was given after it."""
+
+    tokens: torch.Tensor  # [B]; on a GPU pinned host memory that the copy is still filling
+    copied: torch.cuda.Event | None = None  # None: the tokens are there already (a CPU)
+
+    def tolist(self) -> List[int]:
+        if self.copied is not None:
+            self.copied.synchronize()
+        return self.tokens.tolist()
+
+
+def _host_ids(req: Req) -> List[int]:
+    """The tokens its next forward runs, -1 for the one the host does not have yet."""
+    ids = req.new_ids
+    return ids + [-1] * (req.extend_len - len(ids))

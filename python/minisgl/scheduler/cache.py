@@ -64,16 +64,20 @@ class CacheManager:
 
         Tokens [old.cached_len, in_tree) may have reached the cache through another request
         since this one was admitted: its row then points at the cache's slots, its own are freed.
+
+        Only tokens the host has go to the cache, less the last (never run without overlap):
+        with overlap (chapter 18) a later forward may have cached more, so the cache holds the
+        same tokens with overlap on and off. A finished request's pages are freed to the end.
         """
-        n, old = req.cached_len, req.cache_handle
+        n, old = min(req.cached_len, len(req.all_ids) - 1), req.cache_handle
         row = self.page_table[req.table_idx, :n]  # a view: writing it writes the page table
         in_tree, handle = self.prefix_cache.insert_prefix(req.all_ids[:n], row)
         if in_tree > old.cached_len:
             duplicates = row[old.cached_len : in_tree].clone()
             row[old.cached_len : in_tree] = handle.get_matched_indices()[old.cached_len : in_tree]
             self._free(duplicates)
-        if finished:
-            self._free(row[handle.cached_len :])  # the tail the cache did not keep
+        if finished:  # the tail the cache did not keep
+            self._free(self.page_table[req.table_idx, handle.cached_len : req.cached_len])
             self.unlock(old)
         else:
             self.lock(handle)

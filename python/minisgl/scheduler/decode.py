@@ -21,6 +21,11 @@ class DecodeManager:
         if req in self.running_reqs:
             self.running_reqs.remove(req)
 
+    def remove_done(self) -> None:
+        """Drop the requests whose last token is sampled (max_tokens): known at launch, before
+        the host has that token (chapter 18)."""
+        self.running_reqs = [r for r in self.running_reqs if r.can_decode]
+
     def reserved_pages(self, page_size: int) -> int:
         """Pages the running requests may still take before they finish."""
         return sum(pages_to_finish(req, page_size) for req in self.running_reqs)

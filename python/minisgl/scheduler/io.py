@@ -1,5 +1,5 @@
 """The scheduler process: requests come in over ZMQ, each step's new tokens go out to the
-detokenizer. The Scheduler itself (chapters 7-9) is unchanged; this file puts sockets around it.
+detokenizer. This file puts sockets around the Scheduler (chapters 7-9, 18).
 
 Under tensor parallelism (chapter 19) there is one scheduler process per rank. Only rank 0 has
 sockets: it passes every message it receives on to the other ranks by broadcast, so all ranks
@@ -136,19 +136,14 @@ class SchedulerLoop:
         return self._new_tokens(out)
 
     def abort(self, uid: int) -> None:
-        """Drop the request wherever it is (waiting, mid-prefill, decoding) and give back its
-        row and pages, as if it had finished; its computed prefix stays in the prefix cache."""
+        """Drop the request wherever it is (waiting, mid-prefill, decoding, in a launched batch)
+        and give back its row and pages, as if it had finished; its computed prefix stays in
+        the prefix cache."""
         run = self._by_uid.pop(uid, None)
         if run is None:
             return  # finished already, or refused
         del self._by_req[run.req.uid]
-        req, s = run.req, self.scheduler
-        if req in s.prefill_manager.waiting:
-            s.prefill_manager.waiting.remove(req)
-        s.decode_manager.remove_req(req)
-        if req.table_idx >= 0:  # admitted: it holds a row, pages and a lock on its prefix
-            s.cache_manager.cache_req(req, finished=True)
-            s.table_manager.free(req.table_idx)
+        self.scheduler.abort(run.req)  # with overlap, once the batch in flight is done
 
     def _new_tokens(self, out: StepOutput) -> List[DetokenizeMsg]:
         finished = {req.uid for req in out.finished}

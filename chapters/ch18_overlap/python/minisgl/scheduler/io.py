@@ -1,0 +1,153 @@
+"""The scheduler process: requests come in over ZMQ, each step's new tokens go out to the
+detokenizer. This file puts sockets around the Scheduler (chapters 7-9, 18)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List
+
+from minisgl.core import Req
+from minisgl.message import (
+    AbortBackendMsg,
+    BaseBackendMsg,
+    BaseTokenizerMsg,
+    BatchBackendMsg,
+    BatchTokenizerMsg,
+    DetokenizeMsg,
+    ExitMsg,
+    UserMsg,
+)
+from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, parent_sentinel
+
+from .config import SchedulerConfig
+from .scheduler import Scheduler
+from .utils import StepOutput
+
+
+class SchedulerIO:
+    """The scheduler's two sockets: it binds the one requests arrive on (the tokenizer worker
+    connects) and connects to the detokenizer's."""
+
+    def __init__(self, backend_addr: str, detokenizer_addr: str):
+        self._recv = ZmqPullQueue(backend_addr, create=True, decoder=BaseBackendMsg.decoder)
+        self._send = ZmqPushQueue(detokenizer_addr, create=False,
+                                  encoder=BaseTokenizerMsg.encoder)
+
+    def receive(self, block: bool) -> List[BaseBackendMsg]:
+        """Every message that has arrived, batches unpacked. With ``block`` (nothing to run), it
+        first sleeps on the socket until one comes: no busy loop. If the parent process ends
+        meanwhile, that is as good as an exit message."""
+        msgs: List[BaseBackendMsg] = []
+        if block:
+            first = self._recv.get(watch=parent_sentinel())
+            msgs.append(ExitMsg() if first is None else first)
+        while (msg := self._recv.get_nowait()) is not None:
+            msgs.append(msg)
+        return [m for msg in msgs for m in (msg.data if isinstance(msg, BatchBackendMsg)
+                                            else [msg])]
+
+    def send(self, msgs: List[DetokenizeMsg]) -> None:
+        """One step's messages in one send."""
+        if len(msgs) == 1:
+            self._send.put(msgs[0])
+        elif msgs:
+            self._send.put(BatchTokenizerMsg(data=list(msgs)))
+
+    def close(self) -> None:
+        self._recv.close()
+        self._send.close()
+
+
+@dataclass
+class _Running:
+    uid: int  # the frontend's id of the request
+    req: Req  # the scheduler's
+    sent: int = 0  # output tokens already sent to the detokenizer
+
+
+class SchedulerLoop:
+    """Messages in, one scheduler step, new tokens out; again and again until an exit message.
+
+    The frontend names a request by its own ``uid``; the scheduler numbers its ``Req``s itself,
+    so the loop keeps the map between the two while the request runs.
+    """
+
+    def __init__(self, scheduler: Scheduler):
+        self.scheduler = scheduler
+        self._by_uid: Dict[int, _Running] = {}  # frontend uid -> running request
+        self._by_req: Dict[int, _Running] = {}  # Req.uid -> running request
+
+    def run(self, io: SchedulerIO) -> None:
+        while True:
+            for msg in io.receive(block=self.scheduler.idle):
+                if isinstance(msg, ExitMsg):
+                    return
+                io.send(self.handle(msg))
+            io.send(self.step())
+
+    def handle(self, msg: BaseBackendMsg) -> List[DetokenizeMsg]:
+        """Queue a request or abort one; a refused request's error message to send back."""
+        if isinstance(msg, UserMsg):
+            try:
+                req = self.scheduler.add_req(msg.input_ids.tolist(), msg.sampling_params)
+            except ValueError as e:
+                return [DetokenizeMsg(msg.uid, -1, True, finish_reason="error", error=str(e))]
+            self._by_uid[msg.uid] = self._by_req[req.uid] = _Running(msg.uid, req)
+        elif isinstance(msg, AbortBackendMsg):
+            self.abort(msg.uid)
+        else:
+            raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
+        return []
+
+    def step(self) -> List[DetokenizeMsg]:
+        """One scheduler step: a DetokenizeMsg per request that got a token."""
+        out = self.scheduler.step()
+        if out is None:
+            return []
+        if self.scheduler.idle:  # every page is free or cached now: check it, it costs nothing
+            self.scheduler.cache_manager.check_integrity()
+        return self._new_tokens(out)
+
+    def abort(self, uid: int) -> None:
+        """Drop the request wherever it is (waiting, mid-prefill, decoding, in a launched batch)
+        and give back its row and pages, as if it had finished; its computed prefix stays in
+        the prefix cache."""
+        run = self._by_uid.pop(uid, None)
+        if run is None:
+            return  # finished already, or refused
+        del self._by_req[run.req.uid]
+        self.scheduler.abort(run.req)  # with overlap, once the batch in flight is done
+
+    def _new_tokens(self, out: StepOutput) -> List[DetokenizeMsg]:
+        finished = {req.uid for req in out.finished}
+        msgs = []
+        for req_uid in out.uids:
+            run, done = self._by_req[req_uid], req_uid in finished
+            new = run.req.output_ids[run.sent:]  # one token, or none for a chunk of a prompt
+            for i, token in enumerate(new):
+                last = done and i == len(new) - 1
+                msgs.append(DetokenizeMsg(run.uid, token, last,
+                                          self._finish_reason(run.req) if last else ""))
+            run.sent = len(run.req.output_ids)
+            if done:
+                del self._by_uid[run.uid], self._by_req[req_uid]
+        return msgs
+
+    def _finish_reason(self, req: Req) -> str:
+        at_eos = (not req.sampling_params.ignore_eos
+                  and req.output_ids[-1] in self.scheduler.eos_token_ids)
+        return "stop" if at_eos else "length"
+
+
+def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
+                  ready: Callable[[], None] = lambda: None) -> None:
+    """The scheduler process: build the engine, bind the socket, say ready, serve until an exit
+    message (or the parent's end)."""
+    scheduler = Scheduler(config)
+    io = SchedulerIO(backend_addr, detokenizer_addr)
+    ready()
+    try:
+        SchedulerLoop(scheduler).run(io)
+    finally:
+        io.close()
+        scheduler.shutdown()
