@@ -294,3 +294,20 @@ def test_the_server_scheduler_process_with_overlap_on_and_off(tiny_models, overl
             send.close()
             recv.close()
     assert [tokens[i] for i in range(3)] == [o["token_ids"] for o in ref]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_overlap_with_graphs_gives_the_tokens_of_overlap_off(tiny_models):
+    """On a GPU: pinned copies behind an event, CUDA graphs replayed for the lagged decode
+    batches, the tight pool; the same tokens as without overlap, every page back."""
+    path = tiny_models["llama3"]
+    prompts, params = workload()
+    eos = eos_midway(path, prompts, params, **TIGHT)
+    outs = {}
+    for overlap in (False, True):
+        s = make(path, overlap, device="cuda", **TIGHT)
+        assert s.engine.graph_runner.graphs  # decode batches replay graphs
+        assert s.engine.start_copy_to_host(torch.ones(2, device="cuda")).copied is not None
+        outs[overlap] = run(s, prompts, params, eos)
+        s.shutdown()
+    assert outs[True] == outs[False]
