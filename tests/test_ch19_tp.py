@@ -40,6 +40,18 @@ def test_one_rank_needs_no_process_group():
     assert comm.all_reduce(x) is x and comm.all_gather(x) is x
 
 
+def test_there_is_one_get_tp_info():
+    import minisgl.distributed as distributed
+    import minisgl.engine.engine as engine
+    import minisgl.kvcache as kvcache
+    import minisgl.layers.linear as linear
+    import minisgl.utils.misc as misc
+
+    assert not hasattr(misc, "get_tp_info")  # chapter 1's stand-in is gone
+    for module in (engine, kvcache, linear):
+        assert module.get_tp_info is distributed.get_tp_info, module.__name__
+
+
 def test_config_refuses_a_rank_outside_the_group():
     from minisgl.engine.config import EngineConfig
     from minisgl.server.args import parse_args

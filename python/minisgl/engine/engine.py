@@ -10,10 +10,11 @@ import torch
 
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx, use_global_ctx
+from minisgl.distributed import get_tp_info, min_across_ranks
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import load_model
 from minisgl.utils.logger import init_logger
-from minisgl.utils.misc import div_ceil, div_even, get_tp_info
+from minisgl.utils.misc import div_ceil, div_even
 from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_device
 
 from .config import EngineConfig
@@ -109,6 +110,7 @@ class Engine:
         if num_pages is None:
             by_budget = self._kv_budget(used_before) // self.bytes_per_page()
             num_pages = min(by_budget, self._most_pages_needed(max_seq_len))
+            num_pages = min_across_ranks(num_pages)  # every rank schedules alike (chapter 19)
         if num_pages < 1:
             raise ValueError("no memory left for the KV cache: give num_pages or more memory")
         logger.info("KV cache: %d pages of %d tokens", num_pages, self.config.page_size)
@@ -191,8 +193,8 @@ class Engine:
 
     def shutdown(self) -> None:
         """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
-        which the global context would otherwise keep alive; chapter 19 adds the process
-        groups."""
+        which the global context would otherwise keep alive. Under tensor parallelism the
+        process that runs the rank leaves its group (chapter 19)."""
         self.graph_runner.destroy()
         self.ctx.kv_cache = self.ctx.page_table = None
 

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 
 def div_even(a: int, b: int) -> int:
     """``a // b`` when ``b`` divides ``a`` (heads over ranks, say); otherwise a ValueError."""
@@ -13,16 +11,3 @@ def div_even(a: int, b: int) -> int:
 def div_ceil(a: int, b: int) -> int:
     """The smallest ``n`` with ``n * b >= a``."""
     return (a + b - 1) // b
-
-
-@dataclass(frozen=True)
-class TPInfo:
-    """This process's place among the tensor-parallel ranks that share each weight."""
-
-    rank: int
-    size: int
-
-
-def get_tp_info() -> TPInfo:
-    """One rank holding every weight whole: tensor parallelism arrives in chapter 19."""
-    return TPInfo(rank=0, size=1)
