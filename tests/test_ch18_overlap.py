@@ -27,9 +27,6 @@ from minisgl.message import (
     UserMsg,
 )
 from minisgl.scheduler import Scheduler, SchedulerConfig
-from minisgl.scheduler.io import SchedulerLoop, run_scheduler
-from minisgl.tokenizer.server import tokenizer_worker
-from minisgl.utils.mp import Workers, ZmqPullQueue, ZmqPushQueue
 
 ENV = "MINISGL_DISABLE_OVERLAP_SCHEDULING"
 TIGHT = dict(page_size=4, num_pages=40, max_running_req=3, max_extend_tokens=16)  # reuse early
@@ -209,6 +206,9 @@ def test_env_var_disables_overlap_as_upstreams_does(tiny_models, monkeypatch):
 def loop_run(path, overlap: bool, abort_at: Dict[int, int]):
     """The server's scheduler loop without sockets: requests in, an abort of request u when
     it has ``abort_at[u]`` tokens out; every message each request got."""
+    pytest.importorskip("zmq")  # the server's packages: not on every GPU image
+    from minisgl.scheduler.io import SchedulerLoop
+
     s = make(path, overlap, **TIGHT)
     loop = SchedulerLoop(s)
     prompts, params = workload(seed=3, n=6)
@@ -258,6 +258,11 @@ def test_llm_generate_with_overlap_on_and_off(tiny_models):
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_the_server_scheduler_process_with_overlap_on_and_off(tiny_models, overlap):
+    pytest.importorskip("zmq")  # the server's packages: not on every GPU image
+    from minisgl.scheduler.io import run_scheduler
+    from minisgl.tokenizer.server import tokenizer_worker
+    from minisgl.utils.mp import Workers, ZmqPullQueue, ZmqPushQueue
+
     path = tiny_models["qwen3"]
     prompts = ["Hello world", "The quick brown fox", "one two three four five"]
     params = [greedy(6), greedy(1), SamplingParams(temperature=0.8, max_tokens=5, seed=3)]
