@@ -19,7 +19,7 @@ from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_de
 
 from .config import EngineConfig
 from .graph import GraphRunner
-from .sample import Sampler, row_seed
+from .sample import Sampler
 
 logger = init_logger(__name__)
 
@@ -172,10 +172,7 @@ class Engine:
         with self.timer.phase("sample"):
             for req in batch.reqs:
                 req.complete_forward()
-            args = self.sampler.prepare(batch)
-            # a seeded draw's step counts the tokens the host has not received yet (chapter 18)
-            args.row_seeds = [row_seed(r.sampling_params.seed, r.num_sampled) for r in batch.reqs]
-            tokens = self.sampler.sample(logits.float(), args)
+            tokens = self.sampler.sample(logits.float(), self.sampler.prepare(batch))
             rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
             self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
             return tokens

@@ -68,7 +68,8 @@ class Sampler:
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         args = BatchSamplingArgs.from_params([r.sampling_params for r in batch.reqs], self.device)
-        args.row_seeds = [row_seed(r.sampling_params.seed, len(r.output_ids)) for r in batch.reqs]
+        # the step of a seeded draw counts a token still on its way to the host (chapter 18)
+        args.row_seeds = [row_seed(r.sampling_params.seed, r.num_sampled) for r in batch.reqs]
         return args
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
