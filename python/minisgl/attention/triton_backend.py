@@ -9,6 +9,7 @@ any number of new tokens per request. Both read K and V through the page table, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -50,9 +51,7 @@ class TritonAttnBackend(BaseAttnBackend):
         """One host-to-device copy of the batch's lengths, made from the requests' own counts."""
         cached = [r.cached_len for r in batch.reqs]
         extend = [r.extend_len for r in batch.reqs]
-        starts = [0]
-        for n in extend[:-1]:
-            starts.append(starts[-1] + n)
+        starts = [0, *accumulate(extend[:-1])]  # where each request's new tokens begin
         rows = [r.table_idx for r in batch.reqs]
         seq = [c + e for c, e in zip(cached, extend)]
         host = torch.tensor([rows, cached, extend, seq, starts], dtype=torch.int32)

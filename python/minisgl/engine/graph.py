@@ -18,7 +18,7 @@ the bucket choice and the padding can be seen and tested anywhere.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 import torch
 
@@ -64,7 +64,7 @@ class GraphRunner:
         assert size is not None and self.can_run(batch)
         return Batch(batch.reqs + [self.dummy_req] * (size - batch.size), batch.phase)
 
-    def capture(self, prepare_batch) -> None:
+    def capture(self, prepare_batch: Callable[[Batch], None]) -> None:
         """Record one graph per size, largest first, in one shared memory pool.
 
         ``prepare_batch`` is the engine's: it fills a batch's input tensors and attention
