@@ -211,3 +211,32 @@ def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
     with pytest.raises(ProcessLookupError):
         os.kill(follower, 0)  # rank 1's process is gone too
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (NCCL)")
+def test_one_rank_through_nccl_gives_the_tokens_of_no_group(tiny_models, tmp_path):
+    """On one GPU: the process group is NCCL's, its collectives run (a sum and a gather of one
+    rank), and the engine built inside the group gives the tokens of one built without."""
+    import torch.distributed as dist
+    from minisgl.distributed import destroy_distributed, init_distributed, min_across_ranks
+    from minisgl.llm import LLM
+
+    options = dict(OPTIONS, device="cuda", dtype=torch.float32)
+    alone = LLM(str(tiny_models["qwen3"]), **options)
+    want = _generate(alone)
+    alone.shutdown()
+    init_distributed(0, 1, f"file://{tmp_path}/init", "cuda")
+    try:
+        assert dist.get_backend() == "nccl" and dist.get_world_size() == 1
+        x = torch.arange(4.0, device="cuda")
+        dist.all_reduce(x)  # through NCCL, though one rank's sum is itself
+        parts = [torch.empty_like(x)]
+        dist.all_gather(parts, x)
+        assert torch.equal(parts[0], torch.arange(4.0, device="cuda"))
+        assert min_across_ranks(7) == 7
+        grouped = LLM(str(tiny_models["qwen3"]), **options)
+        assert _generate(grouped) == want
+        grouped.shutdown()
+    finally:
+        destroy_distributed()
+    assert not dist.is_initialized()
