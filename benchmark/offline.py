@@ -81,6 +81,8 @@ def parse_args() -> argparse.Namespace:
                    help="default: bf16 for --shape, the checkpoint's for --model")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--attn", default="auto", help="attention backend")
+    p.add_argument("--moe-backend", default=None,
+                   help="MoE backend: torch, fused (chapter 20), fast (chapter 21); default: auto")
     p.add_argument("--max-running-req", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--max-extend-tokens", type=int, default=16384)
@@ -128,12 +130,14 @@ def report(name: str, params: Sequence[SamplingParams], seconds: float) -> None:
 
 def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.shape else None)
-    graph_option = {} if args.cuda_graph_max_bs is None else {
+    options = {} if args.cuda_graph_max_bs is None else {
         "cuda_graph_max_bs": args.cuda_graph_max_bs}  # chapter 17's option
+    if args.moe_backend:
+        options["moe_backend"] = args.moe_backend  # chapter 21's option
     return LLM(model_dir, device=args.device, dtype=dtype, dummy_weights=bool(args.shape),
                page_size=args.page_size, attention_backend=args.attn,
                max_running_req=args.max_running_req, max_seq_len=args.max_seq_len,
-               max_extend_tokens=args.max_extend_tokens, nvtx=args.nvtx, **graph_option)
+               max_extend_tokens=args.max_extend_tokens, nvtx=args.nvtx, **options)
 
 
 def run_minisgl(args: argparse.Namespace, model_dir: str) -> None:
@@ -260,7 +264,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_shape(args.shape, tmp)) if args.shape else args.model
         print(f"model: {args.shape or args.model}, page size {args.page_size}, "
-              f"attention {args.attn}, device {resolve_device(args.device)}", flush=True)
+              f"attention {args.attn}, device {resolve_device(args.device)}"
+              + (f", MoE backend {args.moe_backend}" if args.moe_backend else ""), flush=True)
         run_minisgl(args, model_dir)
         if args.compare == "hf":
             run_hf(args, model_dir)

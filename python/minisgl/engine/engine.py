@@ -67,7 +67,8 @@ class Engine:
         if self.model_config.is_moe:
             from minisgl.moe import create_moe_backend  # forward reference: ch20
 
-            self.ctx.moe_backend = self.moe_backend = create_moe_backend(self.device)
+            self.ctx.moe_backend = self.moe_backend = create_moe_backend(
+                self.device, config.moe_backend)
         self.sampler = Sampler(self.device, seed=config.seed)
         # where a step's time goes (chapter 15); the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
@@ -80,10 +81,12 @@ class Engine:
     def _graph_max_bs(self) -> int:
         """The largest decode batch run as a CUDA graph: ``cuda_graph_max_bs``, by default
         every batch up to 256 on a GPU. 0 when the forward cannot be captured: the torch
-        backend's Python loop, or MoE layers that read expert counts on the host (chapter 20).
-        On a CPU only a maximum given explicitly pads batches, to show how."""
+        backend's Python loop, or MoE layers that read expert counts on the host (chapter 20's
+        backends; chapter 21's reads none). On a CPU only a maximum given explicitly pads
+        batches, to show how."""
         asked, on_gpu = self.config.cuda_graph_max_bs, self.device.type == "cuda"
-        capturable = self.attn_backend.supports_cuda_graph and not self.model_config.is_moe
+        capturable = self.attn_backend.supports_cuda_graph and (
+            not self.model_config.is_moe or self.moe_backend.supports_cuda_graph)
         if on_gpu and not capturable:
             return 0
         if asked is None:

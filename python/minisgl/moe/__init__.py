@@ -1,5 +1,5 @@
-"""MoE backends, chosen by name: "torch" (the reference, the default on a CPU) or "fused" (the
-Triton fused MoE, the default on a GPU)."""
+"""MoE backends, chosen by name: "torch" (the reference, the default on a CPU), "fused" (chapter
+20's Triton fused MoE) or "fast" (chapter 21's, the default on a GPU)."""
 
 from __future__ import annotations
 
@@ -25,10 +25,19 @@ def _make_fused() -> BaseMoeBackend:
 MOE_BACKENDS.register("fused", _make_fused)
 
 
+def _make_fast() -> BaseMoeBackend:
+    from .fast import FastMoeBackend  # chapter 21's, also importing triton only when chosen
+
+    return FastMoeBackend()
+
+
+MOE_BACKENDS.register("fast", _make_fast)
+
+
 def create_moe_backend(device: torch.device | str, name: str = "auto") -> BaseMoeBackend:
-    """The backend ``name``; "auto" picks the fused one on a GPU and the reference elsewhere."""
+    """The backend ``name``; "auto" picks the fast one on a GPU and the reference elsewhere."""
     if name == "auto":
-        name = "fused" if torch.device(device).type == "cuda" else "torch"
+        name = "fast" if torch.device(device).type == "cuda" else "torch"
     return MOE_BACKENDS.get(name)()
 
 

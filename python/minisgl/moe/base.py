@@ -26,6 +26,9 @@ class BaseMoeBackend(ABC):
     weighted by routing and summed.
     """
 
+    # whether forward reads nothing on the host, so a CUDA graph can hold it (chapter 21)
+    supports_cuda_graph: bool = False
+
     @abstractmethod
     def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
                 gating_output: torch.Tensor, topk: int, renormalize: bool) -> torch.Tensor: ...

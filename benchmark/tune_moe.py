@@ -1,0 +1,176 @@
+"""Search the fast MoE's tile sizes on this GPU and write them where moe/configs.py finds them.
+
+    PYTHONPATH=python python benchmark/tune_moe.py [--experts 128 --hidden 2048 --inter 768
+        --topk 8] [--tokens 1,2,4,...] [--out DIR]
+    PYTHONPATH=python python benchmark/tune_moe.py --quick   # on a CPU: a crash check only
+
+For each token count T: route random logits once, then for each BLOCK_M that suits T (pairs
+per expert, the page's exercise 1) align the pairs and time every candidate of each GEMM
+(BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) as CUDA-graph replays
+(``triton.testing.do_bench_cudagraph``). The BLOCK_M whose two best GEMMs sum to the least time
+wins; its two configs and their times go into the JSON, keyed by T. The file is named by E, N
+(= I), dtype and device (``moe/configs.config_file_name``), so a file tuned on another GPU is
+never used on this one. Candidates that do not fit the GPU (shared memory) are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Tuple
+
+if "--quick" in sys.argv and not Path("/dev/nvidia0").exists():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+from minisgl.kernel.fused_moe import down, gate_up_silu  # noqa: E402
+from minisgl.kernel.moe_routing import align, route  # noqa: E402
+from minisgl.moe.configs import CONFIG_DIR, DTYPE_NAMES, config_file_name  # noqa: E402
+
+DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+Gemm = Dict[str, int]
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--experts", type=int, default=128)
+    p.add_argument("--hidden", type=int, default=2048)
+    p.add_argument("--inter", type=int, default=768, help="the intermediate size I (N)")
+    p.add_argument("--topk", type=int, default=8)
+    p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"where the JSON goes (default {CONFIG_DIR.relative_to(ROOT)}; with "
+                        "--quick a new temporary directory)")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny shape, two candidates, interpreted on a CPU: checks that it runs")
+    return p.parse_args()
+
+
+def block_ms(num_tokens: int, topk: int, num_experts: int) -> List[int]:
+    """The tile heights worth trying for the mean pairs per expert (the page's exercise 1):
+    16 (tl.dot's smallest) while experts get few pairs, 128 once they get many, 64 between."""
+    per_expert = num_tokens * topk / num_experts
+    return [m for m, lo, hi in ((16, 0, 32), (64, 4, 1e9), (128, 32, 1e9)) if lo <= per_expert
+            <= hi]
+
+
+def candidates(block_m: int, quick: bool) -> Iterator[Gemm]:
+    """Each GEMM's tile widths, depths, swizzle groups, warps and pipeline stages for BLOCK_M."""
+    if quick:
+        yield from (dict(BLOCK_N=16, BLOCK_K=16, GROUP_M=g, num_warps=4, num_stages=2)
+                    for g in (1, 4))
+        return
+    if block_m <= 32:  # few rows: read the weights in wide K steps with enough programs
+        space = itertools.product((32, 64, 128), (64, 128, 256), (1,), (4,), (3, 4))
+    elif block_m == 64:
+        space = itertools.product((64, 128), (64, 128), (8,), (4, 8), (3, 4))
+    else:
+        space = itertools.product((64, 128, 256), (64, 128), (8, 32), (8,), (3, 4))
+    for n, k, g, w, s in space:
+        yield dict(BLOCK_N=n, BLOCK_K=k, GROUP_M=g, num_warps=w, num_stages=s)
+
+
+def time_us(fn: Callable[[], None], quick: bool) -> float:
+    """Microseconds per call of fn, replayed in a CUDA graph; on a CPU one call's wall time."""
+    if quick:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e6
+    import triton.testing
+
+    return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
+
+
+def best_of(make_call: Callable[[Gemm], Callable[[], None]], block_m: int,
+            quick: bool) -> Tuple[Gemm, float]:
+    """The fastest candidate and its time; those that fail to compile (too much shared memory)
+    are skipped."""
+    best: Tuple[Gemm, float] | None = None
+    for gemm in candidates(block_m, quick):
+        call = make_call(gemm)
+        try:
+            call()  # compiles; raises if the tiles do not fit
+            us = time_us(call, quick)
+        except Exception as err:  # triton's OutOfResources and the like: not this GPU's tiles
+            if "OutOfResources" not in type(err).__name__ and "resources" not in str(err):
+                raise
+            continue
+        if best is None or us < best[1]:
+            best = (gemm, us)
+    assert best is not None, f"no candidate ran for BLOCK_M={block_m}"
+    return best
+
+
+def tune_tokens(args: argparse.Namespace, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor,
+                device: torch.device) -> Dict[str, object]:
+    """The best config for one token count: per BLOCK_M both GEMMs' best, then the best sum."""
+    torch.manual_seed(num_tokens)
+    x = torch.randn(num_tokens, args.hidden, device=device, dtype=w1.dtype)
+    weights, topk_ids, block_counts = route(
+        torch.randn(num_tokens, args.experts, device=device), args.topk, True)
+    y = x.new_empty(num_tokens * args.topk, args.hidden)
+    results = []
+    for block_m in block_ms(num_tokens, args.topk, args.experts):
+        sorted_ids, expert_ids, num_padded = align(topk_ids, block_counts, args.experts, block_m)
+        h = x.new_empty(sorted_ids.numel(), args.inter)
+        gate_up, gate_up_us = best_of(lambda g: lambda: gate_up_silu(
+            x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g), block_m, args.quick)
+        down_cfg, down_us = best_of(lambda g: lambda: down(
+            h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g), block_m,
+            args.quick)
+        results.append(dict(BLOCK_M=block_m, gate_up=gate_up, down=down_cfg,
+                            us=dict(gate_up=round(gate_up_us, 2), down=round(down_us, 2))))
+    return min(results, key=lambda r: r["us"]["gate_up"] + r["us"]["down"])
+
+
+def main() -> None:
+    args = parse_args()
+    cuda = torch.cuda.is_available() and not args.quick
+    device = torch.device("cuda" if cuda else "cpu")
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    if args.quick:
+        args.experts, args.hidden, args.inter, args.topk, dtype = 8, 32, 16, 2, torch.float32
+        tokens = [1, 5, 33]
+    else:
+        tokens = [int(t) for t in args.tokens.split(",")]
+    device_name = torch.cuda.get_device_name(device) if cuda else "CPU interpreter"
+    w1 = (torch.randn(args.experts, 2 * args.inter, args.hidden, device=device)
+          / args.hidden ** 0.5).to(dtype)
+    w2 = (torch.randn(args.experts, args.hidden, args.inter, device=device)
+          / args.inter ** 0.5).to(dtype)
+    print(f"{device_name}: E={args.experts}, top-{args.topk}, H={args.hidden}, "
+          f"I={args.inter}, {DTYPE_NAMES[dtype]}")
+    out = args.out or (Path(tempfile.mkdtemp()) if args.quick else CONFIG_DIR)
+    path = out / config_file_name(args.experts, args.inter, dtype, device_name)
+    import triton
+
+    record = dict(
+        experts=args.experts, inter=args.inter, hidden=args.hidden, topk=args.topk,
+        dtype=DTYPE_NAMES[dtype], device=device_name, date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__, triton=triton.__version__,
+        command="PYTHONPATH=python python benchmark/tune_moe.py " + " ".join(sys.argv[1:]),
+        configs={})
+    out.mkdir(parents=True, exist_ok=True)
+    for num_tokens in tokens:
+        best = tune_tokens(args, num_tokens, w1, w2, device)
+        record["configs"][str(num_tokens)] = best
+        print(f"T={num_tokens:>6}: BLOCK_M {best['BLOCK_M']:>3}  gate_up {best['gate_up']} "
+              f"{best['us']['gate_up']} us  down {best['down']} {best['us']['down']} us",
+              flush=True)
+        # written after every T: an interrupted search keeps what it found
+        path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {path}")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The fused MoE's two grouped GEMMs over the pairs sorted by expert (kernel/moe_routing.py).
+
+``gate_up_silu``: h[slot] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T) for the pair in each
+sorted slot; the [pairs, 2I] product is never written. ``down``: y[pair] = weight * h[slot] @
+w2[e].T. Both launch a grid for the worst case and let the programs past the used tiles return,
+so no size is read on the host. Tile sizes come per call (moe/configs.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
+    """Program pid's (tile row, tile column), GROUP_M rows at a time: programs that run together
+    share a few experts' weight columns in the L2 cache instead of each reading its own."""
+    in_group = GROUP_M * num_pid_n
+    first_m = (pid // in_group) * GROUP_M
+    group_rows = min(num_pid_m - first_m, GROUP_M)
+    return first_m + (pid % in_group) % group_rows, (pid % in_group) // group_rows
+
+
+@triton.jit
+def _gate_up_silu_kernel(
+    x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_pairs, inter, hidden, num_pid_m,
+    stride_xm, stride_we, stride_wn, stride_hm,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns:
+    the gate rows n and the up rows inter + n of the expert's w1, two products, one store."""
+    pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(inter, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return  # a tile the worst case needed and this routing did not
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + slots)
+    real = pairs < num_pairs  # padding slots compute zeros from masked loads
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + (pairs // TOP_K)[:, None] * stride_xm + offs_k[None, :]
+    gate_ptrs = w1_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
+    up_ptrs = gate_ptrs + inter * stride_wn
+    col_ok = offs_n[None, :] < inter
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, hidden, BLOCK_K):
+        k_ok = offs_k < hidden - k
+        a = tl.load(x_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
+        gate = tl.dot(a, tl.load(gate_ptrs, mask=k_ok[:, None] & col_ok, other=0.0), gate)
+        up = tl.dot(a, tl.load(up_ptrs, mask=k_ok[:, None] & col_ok, other=0.0), up)
+        x_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_n[None, :]
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=col_ok)
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_pairs, hidden, inter, num_pid_m,
+    stride_hm, stride_we, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order
+    (contiguous), the result goes back to the pair's own row."""
+    pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pairs = tl.load(sorted_ids_ptr + slots)
+    real = pairs < num_pairs
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_k[None, :]
+    w_ptrs = w2_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
+    col_ok = offs_n[None, :] < hidden
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, inter, BLOCK_K):
+        k_ok = offs_k < inter - k
+        a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
+        acc = tl.dot(a, tl.load(w_ptrs, mask=k_ok[:, None] & col_ok, other=0.0), acc)
+        h_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc *= tl.load(weights_ptr + pairs, mask=real, other=0.0)[:, None]
+    y_ptrs = y_ptr + pairs[:, None] * stride_ym + offs_n[None, :]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=real[:, None] & col_ok)
+
+
+def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
+                    expert_ids: torch.Tensor) -> Dict[str, Any]:
+    """The kernel's tile sizes: BLOCK_M is the alignment's (slots per tile), the rest config's."""
+    block_m = sorted_ids.numel() // expert_ids.numel()
+    return dict(BLOCK_M=block_m, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
+                GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
+                num_stages=config["num_stages"])
+
+
+def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids: torch.Tensor,
+                 expert_ids: torch.Tensor, num_padded: torch.Tensor, topk: int,
+                 config: Dict[str, int]) -> None:
+    """h [slots, I] = silu(x @ gate.T) * (x @ up.T), each slot's token and expert; x [T, H],
+    w1 [E, 2I, H] (gate rows, then up rows); all contiguous. config: BLOCK_N, BLOCK_K, GROUP_M,
+    num_warps, num_stages."""
+    inter, num_pid_m = w1.shape[1] // 2, expert_ids.numel()
+    grid = (num_pid_m * triton.cdiv(inter, config["BLOCK_N"]),)
+    _gate_up_silu_kernel[grid](
+        x, w1, h, sorted_ids, expert_ids, num_padded, x.shape[0] * topk, inter, x.shape[1],
+        num_pid_m, x.stride(0), w1.stride(0), w1.stride(1), h.stride(0),
+        TOP_K=topk, **_launch_options(config, sorted_ids, expert_ids))
+
+
+def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tensor,
+         sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_padded: torch.Tensor,
+         config: Dict[str, int]) -> None:
+    """y [pairs, H] = weight * h[slot] @ w2[expert].T for every pair; h [slots, I], w2 [E, H, I],
+    weights [pairs] fp32."""
+    hidden, num_pid_m = w2.shape[1], expert_ids.numel()
+    grid = (num_pid_m * triton.cdiv(hidden, config["BLOCK_N"]),)
+    _down_kernel[grid](
+        h, w2, y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, w2.shape[2],
+        num_pid_m, h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
+        **_launch_options(config, sorted_ids, expert_ids))
