@@ -1,0 +1,187 @@
+"""Chapter 21's benchmark scripts: ``benchmark/moe_baseline.py`` (the tuned fused MoE of vLLM and
+SGLang, rebuilt as a baseline) against the reference MoE in Triton's interpreter on small shapes
+with edge cases, its config choice, and ``benchmark/bench_moe.py --quick`` run end to end: every
+line runs and agrees with the reference.
+
+The scripts live in ``benchmark/``, which no chapter's tree holds: there these tests skip."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from typing import Any, Dict
+
+import pytest
+import torch
+from helpers import ROOT
+
+BENCHMARK = ROOT / "benchmark"
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # conftest sets it on a machine w/o GPU
+interpreted = pytest.mark.skipif(not (HAS_TRITON and INTERPRETED),
+                                 reason="runs on the CPU: needs Triton's interpreter")
+pytestmark = pytest.mark.skipif(not (BENCHMARK / "bench_moe.py").exists(),
+                                reason="benchmark/ is not part of a chapter's tree")
+
+
+def _baseline_module() -> Any:
+    sys.path.insert(0, str(BENCHMARK))
+    try:
+        import moe_baseline
+    finally:
+        sys.path.remove(str(BENCHMARK))
+    return moe_baseline
+
+
+def _config(block_m: int, block_n: int, block_k: int, group_m: int) -> Dict[int, dict]:
+    """One config for every batch size."""
+    return {1: dict(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k,
+                    GROUP_SIZE_M=group_m, num_warps=4, num_stages=2)}
+
+
+# ---- the published configs and the choice among them ----------------------------------------
+
+
+def test_configs_are_the_published_h200_file_keyed_by_batch_size() -> None:
+    import json
+
+    moe_baseline = _baseline_module()
+    source = json.loads(moe_baseline.CONFIG_FILE.read_text())["source"]
+    assert "E=128,N=768,device_name=NVIDIA_H200" in source["path"]
+    assert re.fullmatch(r"[0-9a-f]{40}", source["commit"])
+    configs = moe_baseline.load_configs()
+    assert min(configs) == 1 and max(configs) == 4096
+    for config in configs.values():
+        for tile in ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K"):  # powers of two
+            assert config[tile] >= 16 and config[tile] & (config[tile] - 1) == 0
+
+
+@pytest.mark.parametrize("tokens,key", [(1, 1), (3, 2), (5, 4), (20, 16), (21, 24), (700, 512),
+                                        (800, 1024), (16384, 4096)])
+def test_a_batch_takes_the_config_of_the_nearest_batch_size(tokens: int, key: int) -> None:
+    moe_baseline = _baseline_module()
+    configs = moe_baseline.load_configs()
+    assert moe_baseline.nearest_config(configs, tokens) is configs[key]  # ties: the smaller
+
+
+# ---- the baseline against the reference, in the interpreter ---------------------------------
+
+
+CASES = {
+    # name: (tokens, experts, topk, hidden, inter, tile config or None for the published ones)
+    "one token": (1, 8, 2, 64, 32, None),
+    "published configs, T=33": (33, 8, 2, 64, 32, None),
+    "experts with no token": (3, 16, 2, 64, 32, None),
+    "T not a multiple of the block, short last group": (37, 8, 2, 64, 32, _config(16, 32, 32, 4)),
+    "K and N not multiples of the tile": (9, 4, 2, 80, 24, _config(16, 32, 32, 2)),
+}
+
+
+def _layer(tokens: int, experts: int, hidden: int, inter: int,
+           seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, generator=gen) / inter**0.5
+    gating = torch.randn(tokens, experts, generator=gen)
+    return x, w1, w2, gating
+
+
+def _relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out - ref).abs().max() / ref.abs().max()).item()
+
+
+@interpreted
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_tuned_baseline_matches_the_reference(name: str, renormalize: bool) -> None:
+    from minisgl.moe.base import select_experts
+    from minisgl.moe.torch_backend import TorchMoeBackend
+
+    tokens, experts, topk, hidden, inter, configs = CASES[name]
+    x, w1, w2, gating = _layer(tokens, experts, hidden, inter, seed=len(name))
+    if name == "experts with no token":
+        gating[:, experts // 2:] -= 20.0  # the upper half is never chosen
+        assert select_experts(gating, topk, renormalize)[1].max() < experts // 2
+    out = _baseline_module().TunedBaselineMoe(configs).forward(x, w1, w2, gating, topk,
+                                                                renormalize)
+    ref = TorchMoeBackend().forward(x, w1, w2, gating, topk, renormalize)
+    assert out.shape == ref.shape
+    assert _relative_error(out, ref) < 1e-5
+
+
+@interpreted
+def test_tuned_baseline_all_tokens_to_the_same_experts() -> None:
+    """Every token picks experts 2 and 5: their runs span several tiles, six experts get none."""
+    from minisgl.moe.torch_backend import TorchMoeBackend
+
+    x, w1, w2, gating = _layer(40, 8, 64, 32, seed=3)
+    gating[:, [2, 5]] += 30.0
+    out = _baseline_module().TunedBaselineMoe(_config(16, 32, 64, 2)).forward(
+        x, w1, w2, gating, 2, True)
+    ref = TorchMoeBackend().forward(x, w1, w2, gating, 2, True)
+    assert _relative_error(out, ref) < 1e-5
+
+
+@interpreted
+def test_tuned_baseline_near_the_worst_case_of_tiles() -> None:
+    """Each of 8 experts gets 17 pairs, so each takes two tiles of 16 with one pair in the
+    second: about as many tiles as the grid covers for the worst case."""
+    from minisgl.moe.torch_backend import TorchMoeBackend
+
+    x, w1, w2, gating = _layer(68, 8, 64, 32, seed=4)
+    pair = torch.arange(68) % 4
+    gating[torch.arange(68), 2 * pair] += 20.0  # token t: experts 2(t % 4) and 2(t % 4) + 1
+    gating[torch.arange(68), 2 * pair + 1] += 19.0
+    out = _baseline_module().TunedBaselineMoe(_config(16, 32, 32, 3)).forward(
+        x, w1, w2, gating, 2, True)
+    ref = TorchMoeBackend().forward(x, w1, w2, gating, 2, True)
+    assert _relative_error(out, ref) < 1e-5
+
+
+@interpreted
+@pytest.mark.parametrize("group_m", [1, 2, 3, 4, 16])
+def test_grouped_gemm_computes_every_tile_of_a_short_last_group(group_m: int) -> None:
+    """The kernel alone on tiles that fill its grid exactly (chapter 20's alignment, no spare
+    tiles): 7 tile rows x 3 column blocks, so for most GROUP_M the last group is short and holds
+    real tiles. Each pair p must get a[p // k] @ b[expert of p].T, once."""
+    from minisgl.moe.fused import moe_align_block_size
+
+    gen = torch.Generator().manual_seed(group_m)
+    topk, experts, block_m = 2, 4, 16
+    topk_ids = torch.tensor([[t % experts, (t + 1) % experts] for t in range(44)])  # 22 each
+    sorted_ids, expert_ids = moe_align_block_size(topk_ids, block_m, experts)
+    assert expert_ids.numel() == 8  # two tiles per expert, the second holding 6 pairs
+    sorted_ids, expert_ids = sorted_ids[:7 * block_m], expert_ids[:7]  # leave out the last
+    num_padded = torch.tensor([7 * block_m], dtype=torch.int32)
+    a = torch.randn(44, 40, generator=gen)
+    b = torch.randn(experts, 48, 40, generator=gen)  # N = 48: three blocks of 16
+    c = torch.full((88, 48), float("nan"))
+    weights = torch.ones(88)
+    _baseline_module().grouped_gemm(a, b, c, weights, sorted_ids, expert_ids, num_padded,
+                                    topk, False, _config(block_m, 16, 16, group_m)[1])
+    computed = sorted_ids[sorted_ids < 88].long()  # the pairs of the 7 tiles given
+    flat_ids = topk_ids.flatten()
+    expected = torch.einsum("pk,pnk->pn", a[computed // topk], b[flat_ids[computed]])
+    torch.testing.assert_close(c[computed], expected, rtol=1e-5, atol=1e-5)
+    untouched = torch.ones(88, dtype=torch.bool)
+    untouched[computed] = False
+    assert c[untouched].isnan().all()  # the pairs of the tile left out: never written
+
+
+# ---- the benchmark end to end -----------------------------------------------------------------
+
+
+@interpreted
+def test_bench_moe_quick_runs_every_line_and_each_agrees() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(BENCHMARK / "bench_moe.py"), "--quick"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("ch20 fused", "tuned baseline", "ch21 fast"):
+        assert re.search(rf"^  {line} +agrees: T=1 .*T=5 .*T=33 ", result.stdout, re.M), (
+            result.stdout)
+    assert "not available" not in result.stdout
