@@ -187,7 +187,7 @@ class Row:
 
 def measure_row(tokens: int, shape: Shape, weights: Tuple[torch.Tensor, ...],
                 lines: Dict[str, Forward | None], ceilings: Ceilings, device: str,
-                iters: int, graphs: bool) -> Row:
+                iters: int, warmup: int, graphs: bool) -> Row:
     w1, w2, w1_ref, w2_ref = weights
     x = torch.randn(tokens, shape.hidden, device=device).to(shape.dtype)
     gating = torch.randn(tokens, shape.experts, device=device)
@@ -206,7 +206,7 @@ def measure_row(tokens: int, shape: Shape, weights: Tuple[torch.Tensor, ...],
                 run, out = graph_of(lambda forward=forward: forward(*args))
             else:
                 run, out = (lambda forward=forward: forward(*args)), forward(*args)
-            row.ms[name] = median_ms(run, device, iters)
+            row.ms[name] = median_ms(run, device, iters, warmup)
             if reference is not None:  # out: what the timed graph (or call) wrote
                 error = (out.float() - reference).abs().max() / reference.abs().max()
                 row.errors[name] = error.item()
@@ -293,11 +293,11 @@ def main() -> int:
     device = "cuda" if cuda else "cpu"
     torch.manual_seed(0)
     if args.quick:
-        shape, tokens, iters, graphs = TINY, [1, 5, 33], 1, False
+        shape, tokens, iters, warmup, graphs = TINY, [1, 5, 33], 1, 0, False
         ceilings = Ceilings(copy_tbps(device, 64 << 20), matmul_tflops(device, 256))
     else:
         assert cuda, "the full run needs a GPU; --quick runs on a CPU"
-        shape, iters, graphs = QWEN3_30B_A3B, args.iters, True
+        shape, iters, warmup, graphs = QWEN3_30B_A3B, args.iters, 3, True
         tokens = [int(t) for t in args.tokens.split(",")]
         ceilings = Ceilings(copy_tbps(device, 4 << 30), matmul_tflops(device, 8192))
     device_name = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
@@ -313,7 +313,7 @@ def main() -> int:
     weights = (w1, w2, w1.float(), w2.float())  # the fp32 copies for the reference
     lines = make_lines()
     lines["roofline"] = None
-    rows = [measure_row(t, shape, weights, lines, ceilings, device, iters, graphs)
+    rows = [measure_row(t, shape, weights, lines, ceilings, device, iters, warmup, graphs)
             for t in tokens]
     print_table(rows, shape)
     all_agree = print_agreement(rows, shape)
