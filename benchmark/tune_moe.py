@@ -8,7 +8,9 @@ For each token count T: route random logits once, then for each BLOCK_M that sui
 per expert, the page's exercise 1) align the pairs and time every candidate of each GEMM
 (BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) as CUDA-graph replays
 (``triton.testing.do_bench_cudagraph``). The BLOCK_M whose two best GEMMs sum to the least time
-wins; its two configs and their times go into the JSON, keyed by T. The file is named by E, N
+wins; its two configs and their times go into the JSON, keyed by T. Token counts up to
+``DECODE_MAX_TOKENS`` take the decode path instead, timed as the whole three-launch layer. An
+existing file keeps the configs of the token counts not tuned in this run. The file is named by E, N
 (= I), dtype and device (``moe/configs.config_file_name``), so a file tuned on another GPU is
 never used on this one. Candidates that do not fit the GPU (shared memory) are skipped.
 """
@@ -35,7 +37,15 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from minisgl.kernel.fused_moe import down, gate_up_silu  # noqa: E402
 from minisgl.kernel.moe_routing import align, route  # noqa: E402
-from minisgl.moe.configs import CONFIG_DIR, DTYPE_NAMES, config_file_name  # noqa: E402
+from minisgl.moe.configs import (  # noqa: E402
+    CONFIG_DIR,
+    DECODE_MAX_TOKENS,
+    DTYPE_NAMES,
+    MoeConfig,
+    config_file_name,
+    default_config,
+)
+from minisgl.moe.fast import FastMoeBackend  # noqa: E402
 
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 Gemm = Dict[str, int]
@@ -65,6 +75,19 @@ def block_ms(num_tokens: int, topk: int, num_experts: int) -> List[int]:
             <= hi]
 
 
+def decode_candidates(kernel: str, quick: bool) -> Iterator[Gemm]:
+    """The decode path's tiles: the first kernel's (a dot of 16 rows), the second's (a
+    matrix-vector product); GROUP_M has no meaning there."""
+    if quick:
+        space = [(16, 16, 4, 2), (16, 32, 4, 2)]
+    elif kernel == "gate_up":
+        space = itertools.product((16, 32, 64), (64, 128), (4,), (3, 4))
+    else:
+        space = itertools.product((8, 16), (256, 512), (4,), (2,))
+    for n, k, w, s in space:
+        yield dict(BLOCK_N=n, BLOCK_K=k, GROUP_M=1, num_warps=w, num_stages=s)
+
+
 def candidates(block_m: int, quick: bool) -> Iterator[Gemm]:
     """Each GEMM's tile widths, depths, swizzle groups, warps and pipeline stages for BLOCK_M."""
     if quick:
@@ -92,12 +115,12 @@ def time_us(fn: Callable[[], None], quick: bool) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
 
 
-def best_of(make_call: Callable[[Gemm], Callable[[], None]], block_m: int,
-            quick: bool) -> Tuple[Gemm, float]:
+def best_of(make_call: Callable[[Gemm], Callable[[], None]],
+            space: Iterator[Gemm], quick: bool) -> Tuple[Gemm, float]:
     """The fastest candidate and its time; those that fail to compile (too much shared memory)
     are skipped."""
     best: Tuple[Gemm, float] | None = None
-    for gemm in candidates(block_m, quick):
+    for gemm in space:
         call = make_call(gemm)
         try:
             call()  # compiles; raises if the tiles do not fit
@@ -108,30 +131,57 @@ def best_of(make_call: Callable[[Gemm], Callable[[], None]], block_m: int,
             continue
         if best is None or us < best[1]:
             best = (gemm, us)
-    assert best is not None, f"no candidate ran for BLOCK_M={block_m}"
+    assert best is not None, "no candidate ran"
     return best
 
 
-def tune_tokens(args: argparse.Namespace, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor,
-                device: torch.device) -> Dict[str, object]:
-    """The best config for one token count: per BLOCK_M both GEMMs' best, then the best sum."""
-    torch.manual_seed(num_tokens)
-    x = torch.randn(num_tokens, args.hidden, device=device, dtype=w1.dtype)
-    weights, topk_ids, block_counts = route(
-        torch.randn(num_tokens, args.experts, device=device), args.topk, True)
-    y = x.new_empty(num_tokens * args.topk, args.hidden)
+def tune_aligned(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
+                 w1: torch.Tensor, w2: torch.Tensor) -> MoeConfig:
+    """Per BLOCK_M each GEMM's best, then the BLOCK_M whose two sum to the least."""
+    weights, topk_ids, block_counts = route(gating, args.topk, True)
+    y = x.new_empty(x.shape[0] * args.topk, args.hidden)
     results = []
-    for block_m in block_ms(num_tokens, args.topk, args.experts):
+    for block_m in block_ms(x.shape[0], args.topk, args.experts):
         sorted_ids, expert_ids, num_padded = align(topk_ids, block_counts, args.experts, block_m)
         h = x.new_empty(sorted_ids.numel(), args.inter)
         gate_up, gate_up_us = best_of(lambda g: lambda: gate_up_silu(
-            x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g), block_m, args.quick)
+            x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g),
+            candidates(block_m, args.quick), args.quick)
         down_cfg, down_us = best_of(lambda g: lambda: down(
-            h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g), block_m,
-            args.quick)
-        results.append(dict(BLOCK_M=block_m, gate_up=gate_up, down=down_cfg,
+            h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g),
+            candidates(block_m, args.quick), args.quick)
+        results.append(dict(path="aligned", BLOCK_M=block_m, gate_up=gate_up, down=down_cfg,
                             us=dict(gate_up=round(gate_up_us, 2), down=round(down_us, 2))))
     return min(results, key=lambda r: r["us"]["gate_up"] + r["us"]["down"])
+
+
+def tune_decode(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
+                w1: torch.Tensor, w2: torch.Tensor) -> MoeConfig:
+    """The first GEMM's best with the heuristic's second, then the second's best: each timed
+    as the whole three-launch layer, routing included."""
+    backend = FastMoeBackend()
+    start = default_config(1, args.topk, args.experts)
+
+    def layer(gate_up: Gemm, down_cfg: Gemm) -> Callable[[], None]:
+        config = dict(path="decode", gate_up=gate_up, down=down_cfg)
+        return lambda: backend.forward_with(config, x, w1, w2, gating, args.topk, True)
+
+    gate_up, _ = best_of(lambda g: layer(g, start["down"]),
+                         decode_candidates("gate_up", args.quick), args.quick)
+    down_cfg, us = best_of(lambda g: layer(gate_up, g), decode_candidates("down", args.quick),
+                           args.quick)
+    return dict(path="decode", gate_up=gate_up, down=down_cfg, us=dict(layer=round(us, 2)))
+
+
+def tune_tokens(args: argparse.Namespace, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor,
+                device: torch.device) -> MoeConfig:
+    """The best config for one token count, on the path moe/configs.py gives that count."""
+    torch.manual_seed(num_tokens)
+    x = torch.randn(num_tokens, args.hidden, device=device, dtype=w1.dtype)
+    gating = torch.randn(num_tokens, args.experts, device=device)
+    if num_tokens <= DECODE_MAX_TOKENS:
+        return tune_decode(args, x, gating, w1, w2)
+    return tune_aligned(args, x, gating, w1, w2)
 
 
 def main() -> None:
@@ -161,13 +211,15 @@ def main() -> None:
         torch=torch.__version__, triton=triton.__version__,
         command="PYTHONPATH=python python benchmark/tune_moe.py " + " ".join(sys.argv[1:]),
         configs={})
+    if path.exists():  # re-tuning some token counts keeps the others' configs
+        record["configs"] = json.loads(path.read_text(encoding="utf-8"))["configs"]
     out.mkdir(parents=True, exist_ok=True)
     for num_tokens in tokens:
         best = tune_tokens(args, num_tokens, w1, w2, device)
         record["configs"][str(num_tokens)] = best
-        print(f"T={num_tokens:>6}: BLOCK_M {best['BLOCK_M']:>3}  gate_up {best['gate_up']} "
-              f"{best['us']['gate_up']} us  down {best['down']} {best['us']['down']} us",
-              flush=True)
+        record["configs"] = dict(sorted(record["configs"].items(), key=lambda kv: int(kv[0])))
+        print(f"T={num_tokens:>6}: {best['path']} {best.get('BLOCK_M', '')} gate_up "
+              f"{best['gate_up']}  down {best['down']}  {best['us']} us", flush=True)
         # written after every T: an interrupted search keeps what it found
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}")

@@ -33,6 +33,29 @@ def _take_largest(probs, experts, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
+def _routing_probs(logits_ptr, tokens, experts, num_tokens, num_experts,
+                  TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
+                  BLOCK_E: tl.constexpr):
+    """The softmax of the rows ``tokens`` of the logits [T, E], scaled so that each row's k
+    largest are its routing weights; -1 where there is no token or expert (never chosen)."""
+    token_ok = tokens < num_tokens
+    valid = token_ok[:, None] & (experts[None, :] < num_experts)
+    logits = tl.load(logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=valid,
+                     other=0.0).to(tl.float32)
+    logits = tl.where(experts[None, :] < num_experts, logits, -float("inf"))  # rows past T: 0s
+    probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    probs = tl.where(valid, probs / tl.sum(probs, axis=1)[:, None], -1.0)
+    if RENORMALIZE:  # a first pass for the sum of the k largest (norm_topk_prob)
+        chosen_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
+        rest = probs
+        for _ in tl.static_range(TOP_K):
+            best, _, rest = _take_largest(rest, experts, BLOCK_E)
+            chosen_sum += best
+        probs = probs / chosen_sum[:, None]  # a positive scale: the order is the same
+    return probs
+
+
+@triton.jit
 def _route_and_count_kernel(
     logits_ptr, weights_ptr, ids_ptr, block_counts_ptr, num_tokens, num_experts,
     TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -43,19 +66,8 @@ def _route_and_count_kernel(
     tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, BLOCK_E)
     token_ok = tokens < num_tokens
-    valid = token_ok[:, None] & (experts[None, :] < num_experts)
-    logits = tl.load(logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=valid,
-                     other=0.0).to(tl.float32)
-    logits = tl.where(experts[None, :] < num_experts, logits, -float("inf"))  # rows past T: 0s
-    probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    probs = tl.where(valid, probs / tl.sum(probs, axis=1)[:, None], -1.0)  # -1: never chosen
-    if RENORMALIZE:  # a first pass for the sum of the k largest (norm_topk_prob)
-        chosen_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
-        rest = probs
-        for _ in tl.static_range(TOP_K):
-            best, _, rest = _take_largest(rest, experts, BLOCK_E)
-            chosen_sum += best
-        probs = probs / chosen_sum[:, None]  # a positive scale: the order is the same
+    probs = _routing_probs(logits_ptr, tokens, experts, num_tokens, num_experts,
+                          TOP_K, RENORMALIZE, BLOCK_T, BLOCK_E)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for k in tl.static_range(TOP_K):
         best, best_id, probs = _take_largest(probs, experts, BLOCK_E)

@@ -1,9 +1,11 @@
-"""Tile sizes for the fast MoE's two GEMMs, by batch size: the tuned file for this shape and
-device when there is one (``benchmark/tune_moe.py`` writes it), a heuristic otherwise.
+"""Tile sizes for the fast MoE, by batch size: the tuned file for this shape and device when
+there is one (``benchmark/tune_moe.py`` writes it), a heuristic otherwise.
 
-A config is {"BLOCK_M": m, "gate_up": {...}, "down": {...}}: BLOCK_M is shared, since both GEMMs
-walk the same tiles of sorted pairs; each GEMM has its own BLOCK_N, BLOCK_K, GROUP_M, num_warps
-and num_stages.
+A config picks a path. {"path": "aligned", "BLOCK_M": m, "gate_up": {...}, "down": {...}}: the
+pairs sorted and padded to tiles of m (kernel/moe_routing.py), then two grouped GEMMs
+(kernel/fused_moe.py), each with its own BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages.
+{"path": "decode", "gate_up": {...}, "down": {...}}: a few tokens in three launches
+(kernel/moe_decode.py), each with BLOCK_N, BLOCK_K, num_warps, num_stages.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 CONFIG_DIR = Path(__file__).with_name("configs")
 MoeConfig = Dict[str, Any]
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DECODE_MAX_TOKENS = 16  # the decode path's tokens: its routing is one program's
 
 
 def config_file_name(num_experts: int, inter: int, dtype: torch.dtype, device_name: str) -> str:
@@ -42,15 +45,20 @@ def _gemm(block_n: int, block_k: int, group_m: int, warps: int, stages: int) -> 
 
 
 def default_config(num_tokens: int, topk: int, num_experts: int) -> MoeConfig:
-    """By pairs per expert, the page's exercise 1: few pairs per expert waste most of a tall
-    tile, so small batches take 16-row tiles and wide K steps (the weights are the cost); large
-    ones take 128-row tiles (the arithmetic is)."""
+    """By pairs per expert, the page's exercise 1: a few tokens take the decode path; few pairs
+    per expert waste most of a tall tile, so small batches take 16-row tiles and wide K steps
+    (the weights are the cost); large ones take 128-row tiles (the arithmetic is)."""
+    if num_tokens <= DECODE_MAX_TOKENS:
+        return dict(path="decode", gate_up=_gemm(32, 128, 1, 4, 3), down=_gemm(16, 256, 1, 4, 3))
     per_expert = num_tokens * topk / num_experts
     if per_expert <= 4:
-        return dict(BLOCK_M=16, gate_up=_gemm(64, 128, 1, 4, 4), down=_gemm(64, 128, 1, 4, 4))
+        return dict(path="aligned", BLOCK_M=16, gate_up=_gemm(64, 128, 1, 4, 4),
+                    down=_gemm(64, 128, 1, 4, 4))
     if per_expert <= 48:
-        return dict(BLOCK_M=64, gate_up=_gemm(64, 64, 8, 4, 4), down=_gemm(64, 64, 8, 4, 4))
-    return dict(BLOCK_M=128, gate_up=_gemm(128, 64, 8, 8, 3), down=_gemm(128, 64, 8, 8, 3))
+        return dict(path="aligned", BLOCK_M=64, gate_up=_gemm(64, 64, 8, 4, 4),
+                    down=_gemm(64, 64, 8, 4, 4))
+    return dict(path="aligned", BLOCK_M=128, gate_up=_gemm(128, 64, 8, 8, 3),
+                down=_gemm(256, 64, 8, 8, 3))
 
 
 def get_config(num_tokens: int, topk: int, num_experts: int, inter: int, dtype: torch.dtype,
@@ -60,5 +68,10 @@ def get_config(num_tokens: int, topk: int, num_experts: int, inter: int, dtype: 
         name = config_file_name(num_experts, inter, dtype, torch.cuda.get_device_name(device))
         tuned = load_tuned(name)
         if tuned:
-            return tuned[min(tuned, key=lambda tokens: abs(tokens - num_tokens))]
+            return nearest(tuned, num_tokens)
     return default_config(num_tokens, topk, num_experts)
+
+
+def nearest(tuned: Dict[int, MoeConfig], num_tokens: int) -> MoeConfig:
+    """The config tuned for the token count nearest num_tokens (the smaller on a tie)."""
+    return tuned[min(tuned, key=lambda tokens: (abs(tokens - num_tokens), tokens))]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-
 from minisgl.utils.registry import Registry
 
 from .base import BaseMoeBackend, select_experts
