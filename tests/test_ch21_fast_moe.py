@@ -205,7 +205,8 @@ def _routings() -> Any:
 @interpreted
 def test_alignment_never_needs_more_than_max_tiles() -> None:
     from hypothesis import HealthCheck, given, settings
-    from minisgl.kernel.moe_routing import moe_align
+    from minisgl.kernel.moe_routing import max_tiles, moe_align
+    from minisgl.moe.fused import moe_align_block_size
 
     @settings(max_examples=40, deadline=None, derandomize=True,
               suppress_health_check=[HealthCheck.too_slow])
@@ -213,6 +214,8 @@ def test_alignment_never_needs_more_than_max_tiles() -> None:
     def check(case: tuple[List[List[int]], int, int]) -> None:
         rows, num_experts, block_m = case
         ids = torch.tensor(rows, dtype=torch.int32)
+        needed = moe_align_block_size(ids, block_m, num_experts)[1].numel()  # chapter 20's tiles
+        assert needed <= max_tiles(ids.numel(), num_experts, block_m)  # before a kernel writes
         _check_alignment(ids, num_experts, block_m, moe_align(ids, num_experts, block_m))
 
     check()
@@ -424,6 +427,7 @@ def test_get_config_takes_the_nearest_tuned_batch_size(fake_gpu_configs) -> None
         return configs.get_config(tokens, 2, 4, 8, torch.float32, cuda)["tokens"]
 
     assert [tuned_for(t) for t in (1, 3, 5, 8, 30, 40, 64, 5000)] == [1, 1, 8, 8, 8, 64, 64, 64]
+    assert tuned_for(36) == 8  # halfway: the smaller
     # another shape, dtype or device has no file: the heuristic
     for num_experts, inter, dtype in ((4, 16, torch.float32), (4, 8, torch.bfloat16),
                                       (4, 8, torch.float64)):
