@@ -209,10 +209,12 @@ def main() -> None:
         experts=args.experts, inter=args.inter, hidden=args.hidden, topk=args.topk,
         dtype=DTYPE_NAMES[dtype], device=device_name, date=time.strftime("%Y-%m-%d"),
         torch=torch.__version__, triton=triton.__version__,
-        command="PYTHONPATH=python python benchmark/tune_moe.py " + " ".join(sys.argv[1:]),
+        commands=[" ".join(["PYTHONPATH=python python benchmark/tune_moe.py", *sys.argv[1:]])],
         configs={})
-    if path.exists():  # re-tuning some token counts keeps the others' configs
-        record["configs"] = json.loads(path.read_text(encoding="utf-8"))["configs"]
+    if path.exists():  # re-tuning some token counts keeps the others' configs and commands
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        record["configs"] = earlier["configs"]
+        record["commands"] = earlier.get("commands", []) + record["commands"]
     out.mkdir(parents=True, exist_ok=True)
     for num_tokens in tokens:
         best = tune_tokens(args, num_tokens, w1, w2, device)
