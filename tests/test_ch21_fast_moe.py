@@ -108,8 +108,9 @@ def test_route_matches_select_experts(tokens, num_experts, topk, renormalize) ->
 
 @interpreted
 def test_route_breaks_ties_by_the_lowest_expert_and_handles_a_hot_expert() -> None:
-    """Equal logits: the lowest expert first, as a stable sort of the probabilities (torch.topk on
-    a CPU does the same); one column far the largest: every token's first choice, weight ~1."""
+    """Equal logits: the lowest expert first, as a stable sort of the probabilities (torch.topk
+    promises no order among ties: on a CPU it gives [2, 4, 1] for the first row); one column far
+    the largest: every token's first choice, weight ~1."""
     from minisgl.kernel.moe_routing import route
 
     gating = torch.tensor([[1.0, 2.0, 2.0, 0.5, 2.0], [0.0, 0.0, 0.0, 0.0, 0.0],
