@@ -438,6 +438,21 @@ def test_get_config_takes_the_nearest_tuned_batch_size(fake_gpu_configs) -> None
         configs.default_config(40, 2, 4)
 
 
+def test_nearest_stays_on_the_path_of_the_token_count() -> None:
+    """A count above DECODE_MAX_TOKENS never takes a decode entry, however near, and one at or
+    below it takes a decode entry when the file has one."""
+    from minisgl.moe.configs import DECODE_MAX_TOKENS, nearest
+
+    small, large = DECODE_MAX_TOKENS, 2 * DECODE_MAX_TOKENS
+    tuned = {1: dict(path="decode"), small: dict(path="decode"), large: dict(path="aligned"),
+             1024: dict(path="aligned")}
+    assert nearest(tuned, small + 1) is tuned[large]  # small is nearer, but on the other path
+    assert nearest(tuned, small) is tuned[small] and nearest(tuned, 2) is tuned[1]
+    assert nearest(tuned, 600) is tuned[1024] and nearest(tuned, 500) is tuned[large]
+    only_aligned = {large: dict(path="aligned")}
+    assert nearest(only_aligned, 1) is only_aligned[large]  # no entry of its path: the nearest
+
+
 # ---- registry and the engine ------------------------------------------------------------------
 
 

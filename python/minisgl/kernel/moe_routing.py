@@ -25,8 +25,8 @@ def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 @triton.jit
 def _take_largest(probs, experts, BLOCK_E: tl.constexpr):
-    """Each row's largest value and its column (the lowest on a tie, as torch.topk on a CPU),
-    and the rows with that column struck out."""
+    """Each row's largest value and its column (the lowest on an exact tie), and the rows with
+    that column struck out."""
     best = tl.max(probs, axis=1)
     best_id = tl.min(tl.where(probs == best[:, None], experts[None, :], BLOCK_E), axis=1)
     return best, best_id, tl.where(experts[None, :] == best_id[:, None], -1.0, probs)

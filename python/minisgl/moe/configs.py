@@ -73,5 +73,8 @@ def get_config(num_tokens: int, topk: int, num_experts: int, inter: int, dtype: 
 
 
 def nearest(tuned: Dict[int, MoeConfig], num_tokens: int) -> MoeConfig:
-    """The config tuned for the token count nearest num_tokens (the smaller on a tie)."""
-    return tuned[min(tuned, key=lambda tokens: (abs(tokens - num_tokens), tokens))]
+    """The config tuned for the token count nearest num_tokens (the smaller on a tie), among
+    those of num_tokens' path: the decode path is for at most DECODE_MAX_TOKENS tokens."""
+    path = "decode" if num_tokens <= DECODE_MAX_TOKENS else "aligned"
+    same_path = {tokens: c for tokens, c in tuned.items() if c["path"] == path} or tuned
+    return same_path[min(same_path, key=lambda tokens: (abs(tokens - num_tokens), tokens))]
