@@ -127,6 +127,20 @@ def test_max_tiles_at_a_real_shape(solution):
                                     f"a routing needs {need} tiles, and it may be at most {most}"
 
 
+def test_the_statements_example(solution):
+    capacity = capacity_of(solution, 6, 4, 2)
+    got = aligned(solution, [[2, 0], [0, 1], [2, 0]], 4, 2, 2)
+    want = ([1, 2, 5, 6, 3, 6, 0, 4] + [6] * (capacity - 4) * 2,
+            [0, 0, 1, 2] + [-1] * (capacity - 4), 8)
+    assert got == want, f"align([[2, 0], [0, 1], [2, 0]], 4, 2, 2) is {want}, not {got}"
+    got = solution.plan_tiles([[2, 1, 1, 0], [1, 0, 1, 0]], 2)
+    want = ([[0, 4, 6, 8], [2, 5, 7, 8]], [0, 0, 1, 2] + [-1] * (capacity - 4), 8)
+    assert isinstance(got, tuple) and len(got) == 3, \
+        "plan_tiles returns (block_offsets, expert_ids, num_padded)"
+    assert (list(map(list, got[0])), list(got[1]), got[2]) == want, \
+        f"plan_tiles([[2, 1, 1, 0], [1, 0, 1, 0]], 2) is {want}, not {got}"
+
+
 def test_plan_tiles_small_example(solution):
     # experts 0, 1, 2 get 3, 0 and 4 pairs: tiles 0-1 are expert 0's, 2-3 expert 2's
     block_counts = [[2, 0, 1], [1, 0, 3]]
