@@ -228,8 +228,14 @@ def test_max_tiles_is_the_worst_case() -> None:
     assert max_tiles(1, 128, 16) == 1
     assert max_tiles(8, 128, 16) == 8  # 8 experts, a tile each
     assert max_tiles(16 * 8, 128, 16) == 128  # 128 experts, one pair each
-    assert max_tiles(4096 * 8, 128, 64) == 512 + 128
+    assert max_tiles(4096 * 8, 128, 64) == 128 + (4096 * 8 - 128) // 64
     assert max_tiles(0, 8, 16) == 1
+    for pairs in range(1, 60):  # the worst routing: one pair on each expert but one, the rest
+        for experts, block_m in ((1, 4), (3, 1), (5, 4), (8, 16), (128, 16)):  # on that one
+            used = min(experts, pairs)
+            counts = [1] * (used - 1) + [pairs - used + 1]
+            worst = sum(-(-c // block_m) for c in counts)
+            assert max_tiles(pairs, experts, block_m) == worst, (pairs, experts, block_m)
 
 
 # ---- the two GEMMs ----------------------------------------------------------------------------

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
     """The tiles of block_m slots that aligning num_pairs pairs over num_experts experts can need,
-    whatever the routing: every expert that gets a pair adds at most one partly empty tile, and
-    no tile is empty, so there are never more tiles than pairs."""
-    return min(-(-num_pairs // block_m) + num_experts, num_pairs)
+    whatever the routing: at most n = min(experts, pairs) experts get pairs, one with c pairs
+    needs 1 + (c - 1) // block_m tiles, and those add up to at most n + (pairs - n) // block_m
+    (one pair on each expert but one, the rest on that one)."""
+    used = min(num_experts, num_pairs)
+    return used + (num_pairs - used) // block_m
 
 
 def plan_tiles(block_counts: list[list[int]],

@@ -99,7 +99,7 @@ def check_align(solution, topk_ids: list, num_experts: int, block_m: int, block_
     return got
 
 
-def test_max_tiles_is_a_bound_no_larger_than_needed(solution):
+def test_max_tiles_is_the_worst_case(solution):
     for block_m in (1, 2, 3, 4):
         for experts in range(1, 6):
             for pairs in range(1, 13):
@@ -109,10 +109,8 @@ def test_max_tiles_is_a_bound_no_larger_than_needed(solution):
                 got = capacity_of(solution, pairs, experts, block_m)
                 assert got >= need, f"max_tiles({pairs}, {experts}, {block_m}) is {got}, but " \
                                     f"pair counts {worst} per expert need {need} tiles"
-                most = min(cdiv(pairs, block_m) + experts, pairs)
-                assert got <= most, f"max_tiles({pairs}, {experts}, {block_m}) is {got}: " \
-                                    f"more than {most}, the smaller of ceil(pairs / block_m) " \
-                                    f"+ experts and pairs"
+                assert got == need, f"max_tiles({pairs}, {experts}, {block_m}) is {got}: more " \
+                                    f"than the {need} tiles the worst routing {worst} needs"
 
 
 def test_max_tiles_at_a_real_shape(solution):
@@ -122,9 +120,8 @@ def test_max_tiles_at_a_real_shape(solution):
         lonely = min(experts, pairs) - 1  # experts with one pair; the rest go to expert 0
         need = lonely + cdiv(pairs - lonely, block_m)
         got = capacity_of(solution, pairs, experts, block_m)
-        most = min(cdiv(pairs, block_m) + experts, pairs)
-        assert need <= got <= most, f"max_tiles({pairs}, {experts}, {block_m}) is {got}: " \
-                                    f"a routing needs {need} tiles, and it may be at most {most}"
+        assert got == need, f"max_tiles({pairs}, {experts}, {block_m}) is {got}: the worst " \
+                            f"routing needs {need} tiles"
 
 
 def test_the_statements_example(solution):

@@ -63,11 +63,12 @@ def _decode_gate_up_kernel(
 
 @triton.jit
 def _decode_down_kernel(
-    h_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr, hidden, inter,
-    TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    h_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr, hidden,
+    INTER: tl.constexpr, TOP_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """out[t, n] = sum over the token's k choices of weight * h[t * k + j] @ w2[e_j, n]: a
-    matrix-vector product per choice, BLOCK_N output columns."""
+    matrix-vector product per choice, BLOCK_N output columns. Both loops are unrolled (INTER is
+    known when compiling), so the k experts' loads are all in flight at once."""
     token, pid_n = tl.program_id(0), tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -77,10 +78,10 @@ def _decode_down_kernel(
         pair = token * TOP_K + j
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         part = tl.zeros([BLOCK_N], dtype=tl.float32)
-        for k in range(0, inter, BLOCK_K):
-            k_ok = offs_k < inter - k
-            h = tl.load(h_ptr + pair * inter + k + offs_k, mask=k_ok, other=0.0)
-            w = tl.load(w2_ptr + expert * hidden * inter + offs_n[:, None] * inter + k
+        for k in tl.static_range(0, INTER, BLOCK_K):
+            k_ok = offs_k < INTER - k
+            h = tl.load(h_ptr + pair * INTER + k + offs_k, mask=k_ok, other=0.0)
+            w = tl.load(w2_ptr + expert * hidden * INTER + offs_n[:, None] * INTER + k
                         + offs_k[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
             part += tl.sum(w.to(tl.float32) * h.to(tl.float32)[None, :], axis=1)
         acc += tl.load(weights_ptr + pair) * part
@@ -103,6 +104,6 @@ def decode_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, gating_outpu
         num_stages=gate_up["num_stages"])
     out = x.new_empty(num_tokens, hidden)
     _decode_down_kernel[(num_tokens, triton.cdiv(hidden, down["BLOCK_N"]))](
-        h, w2, out, weights, ids, hidden, inter, TOP_K=topk, BLOCK_N=down["BLOCK_N"],
+        h, w2, out, weights, ids, hidden, INTER=inter, TOP_K=topk, BLOCK_N=down["BLOCK_N"],
         BLOCK_K=down["BLOCK_K"], num_warps=down["num_warps"], num_stages=down["num_stages"])
     return out

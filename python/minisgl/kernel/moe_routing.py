@@ -18,9 +18,11 @@ ROUTE_BLOCK_T = 16  # tokens per program of route_and_count and scatter_pairs
 
 
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
-    """Tiles of block_m pairs that alignment can need, whatever the routing: every expert that
-    gets a pair adds at most one partly empty tile, and there are at most num_pairs of them."""
-    return min(triton.cdiv(num_pairs, block_m) + num_experts, max(num_pairs, 1))
+    """Tiles of block_m pairs that alignment can need, whatever the routing. At most n =
+    min(experts, pairs) experts get pairs; one with c pairs needs 1 + (c - 1) // block_m tiles,
+    and those add up to at most n + (num_pairs - n) // block_m, which some routing reaches."""
+    used = min(num_experts, num_pairs)
+    return max(used + (num_pairs - used) // block_m, 1)
 
 
 @triton.jit
