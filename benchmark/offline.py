@@ -3,6 +3,7 @@ goes, and how far a decode step is from the bandwidth floor (chapter 15).
 
     PYTHONPATH=python python benchmark/offline.py --shape qwen3-0.6b [--num-seqs 32]
         [--max-output 128] [--compare hf] [--breakdown] [--profile DIR] [--nvtx]
+        [--tp-size 2] [--moe-backend fast]
     PYTHONPATH=python python benchmark/offline.py --model PATH ...
 
 The workload is nano-vllm's bench.py, draw for draw (examples/ch15_measure.py): 256 sequences,
@@ -81,6 +82,8 @@ def parse_args() -> argparse.Namespace:
                    help="default: bf16 for --shape, the checkpoint's for --model")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--attn", default="auto", help="attention backend")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="tensor parallelism: ranks, one GPU each (chapter 19)")
     p.add_argument("--moe-backend", default=None,
                    help="MoE backend: torch, fused (chapter 20), fast (chapter 21); default: auto")
     p.add_argument("--max-running-req", type=int, default=256)
@@ -134,6 +137,8 @@ def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
         "cuda_graph_max_bs": args.cuda_graph_max_bs}  # chapter 17's option
     if args.moe_backend:
         options["moe_backend"] = args.moe_backend  # chapter 21's option
+    if args.tp_size > 1:
+        options["tp_size"] = args.tp_size  # chapter 19's option
     return LLM(model_dir, device=args.device, dtype=dtype, dummy_weights=bool(args.shape),
                page_size=args.page_size, attention_backend=args.attn,
                max_running_req=args.max_running_req, max_seq_len=args.max_seq_len,

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import encode, greedy, hf_greedy
+from test_ch20_moe import _literal_moe, _weights  # chapter 20's: in this tree too
 
 CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -26,30 +27,6 @@ interpreted = pytest.mark.skipif(not (HAS_TRITON and INTERPRETED),
                                  reason="runs on the CPU: needs Triton's interpreter")
 on_cuda = pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs CUDA and Triton")
 TOL = dict(rtol=1e-5, atol=1e-6)  # fp32 in the interpreter: numpy's products, ~1e-7 apart
-
-
-def _weights(num_experts: int, hidden: int, inter: int, device: str = "cpu",
-             dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random expert weights w1 [E, 2I, H], w2 [E, H, I], scaled so activations stay near 1."""
-    w1 = torch.randn(num_experts, 2 * inter, hidden, device=device) / hidden ** 0.5
-    w2 = torch.randn(num_experts, hidden, inter, device=device) / inter ** 0.5
-    return w1.to(dtype), w2.to(dtype)
-
-
-def _literal_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, gating: torch.Tensor,
-                 topk: int, renormalize: bool) -> torch.Tensor:
-    """Token by token, expert by expert, straight from the definition."""
-    inter = w2.shape[2]
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        probs = torch.softmax(gating[t].double(), dim=-1)
-        chosen = sorted(range(len(probs)), key=lambda e: -probs[e].item())[:topk]
-        total = sum(probs[e].item() for e in chosen)
-        for e in chosen:
-            weight = probs[e].item() / (total if renormalize else 1.0)
-            gate, up = w1[e, :inter] @ x[t], w1[e, inter:] @ x[t]
-            out[t] += weight * (w2[e] @ (F.silu(gate) * up))
-    return out
 
 
 def _gemm(block_n: int, block_k: int, group_m: int = 1) -> Dict[str, int]:
