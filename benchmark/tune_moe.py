@@ -58,7 +58,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--inter", type=int, default=768, help="the intermediate size I (N)")
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)))
+    p.add_argument("--tokens", default=None,
+                   help="token counts, comma-separated (default: 1, 2, 4 ... 16384; "
+                        "with --quick 1, 5, 33)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"where the JSON goes (default {CONFIG_DIR.relative_to(ROOT)}; with "
                         "--quick a new temporary directory)")
@@ -189,10 +191,10 @@ def main() -> None:
     cuda = torch.cuda.is_available() and not args.quick
     device = torch.device("cuda" if cuda else "cpu")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    tokens = [1, 5, 33] if args.quick else DEFAULT_TOKENS
     if args.quick:
         args.experts, args.hidden, args.inter, args.topk, dtype = 8, 32, 16, 2, torch.float32
-        tokens = [1, 5, 33]
-    else:
+    if args.tokens:
         tokens = [int(t) for t in args.tokens.split(",")]
     device_name = torch.cuda.get_device_name(device) if cuda else "CPU interpreter"
     w1 = (torch.randn(args.experts, 2 * args.inter, args.hidden, device=device)

@@ -185,3 +185,39 @@ def test_bench_moe_quick_runs_every_line_and_each_agrees() -> None:
         assert re.search(rf"^  {line} +agrees: T=1 .*T=5 .*T=33 ", result.stdout, re.M), (
             result.stdout)
     assert "not available" not in result.stdout
+
+
+# ---- the tuner --------------------------------------------------------------------------------
+
+
+@interpreted
+def test_tune_moe_quick_writes_configs_and_keeps_other_token_counts(tmp_path) -> None:
+    """``tune_moe.py --quick`` in the interpreter: one entry per token count on the path
+    moe/configs.py gives it, each a candidate of the search; a second run over one count keeps
+    the other counts' entries and adds its command to the first's."""
+    import json
+
+    from minisgl.moe.configs import DECODE_MAX_TOKENS
+
+    def tune(*extra: str) -> Dict[str, Any]:
+        r = subprocess.run([sys.executable, str(BENCHMARK / "tune_moe.py"), "--quick",
+                            "--out", str(tmp_path), *extra], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
+        assert r.returncode == 0, r.stderr
+        (path,) = tmp_path.glob("*.json")
+        assert path.name == "E=8,N=16,dtype=fp32,device=CPU_interpreter.json"
+        return json.loads(path.read_text())
+
+    first = tune()
+    assert list(first["configs"]) == ["1", "5", "33"]  # the quick run's counts, in order
+    for tokens, config in first["configs"].items():
+        want = "decode" if int(tokens) <= DECODE_MAX_TOKENS else "aligned"
+        assert config["path"] == want, tokens
+        assert config["gate_up"]["BLOCK_N"] == 16 and config["down"]["BLOCK_K"] in (16, 32)
+    assert first["configs"]["33"]["BLOCK_M"] in (16, 64)
+    first["configs"]["33"]["marker"] = "kept"  # a second run must not tune 33 again
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(json.dumps(first))
+    second = tune("--tokens", "1")
+    assert second["configs"]["33"]["marker"] == "kept"
+    assert len(second["commands"]) == 2 and second["commands"][1].endswith("--tokens 1")
