@@ -18,7 +18,8 @@ import triton.language as tl
 @triton.jit
 def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
     """Program pid's (tile row, tile column), GROUP_M rows at a time: programs that run together
-    share a few experts' weight columns in the L2 cache instead of each reading its own."""
+    read the same few tile rows and, where an expert spans several tiles, the same weight
+    columns, so more of their loads hit the L2 cache."""
     in_group = GROUP_M * num_pid_n
     first_m = (pid // in_group) * GROUP_M
     group_rows = min(num_pid_m - first_m, GROUP_M)
