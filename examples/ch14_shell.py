@@ -1,9 +1,10 @@
 """Chapter 14: the interactive shell.
 
 Runs ``python -m minisgl --model PATH --shell`` in a pseudo-terminal (pexpect), as a person at a
-terminal would, and types into it: two chat turns, /reset, a long reply stopped by Ctrl-C,
-/stats, /exit. Prints the transcript, each reply checked against the offline API on the chat
-template; then what is left of the processes and sockets.
+terminal would, and types into it: two chat turns and /reset; then, in a second shell whose
+replies only the context cuts, a long reply stopped by Ctrl-C, /stats, /exit. Prints the
+transcript, each reply checked against the offline API on the chat template; then what is left
+of the processes and sockets.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ from transformers.utils import logging
 
 logging.set_verbosity_error()
 FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "128"]
-MAX_TOKENS = 64  # enough for Ctrl-C to land mid-reply; replies are shown cut
+MAX_TOKENS = 64  # the chat turns' replies (shown cut); the second shell's are as long as the
+LONG_REPLY = 100_000  # context allows (about 480 tokens), so that Ctrl-C lands mid-reply
 
 
-def start_shell(model: Path, tmp: str) -> pexpect.spawn:
+def start_shell(model: Path, tmp: str, max_tokens: int) -> pexpect.spawn:
     env = {**os.environ, "PYTHONPATH": str(Path(minisgl.__file__).parents[1]), "TMPDIR": tmp,
            "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", "MINISGL_SHELL_TEMPERATURE": "0",
-           "MINISGL_SHELL_MAX_TOKENS": str(MAX_TOKENS)}
+           "MINISGL_SHELL_MAX_TOKENS": str(max_tokens)}
     return pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--shell",
                                           *FLAGS], env=env, timeout=30, encoding="utf-8")
 
@@ -79,7 +81,7 @@ def main() -> None:
 
         sockets = Path(tmp, "sockets")
         sockets.mkdir()
-        shell = start_shell(model, str(sockets))
+        shell = start_shell(model, str(sockets), MAX_TOKENS)
         banner = wait_prompt(shell).split("\r\n")[1]  # the first line has paths and pids
         print(f"(the shell starts: {banner})\n")
 
@@ -96,13 +98,21 @@ def main() -> None:
               f"{alone == offline(turns[2:])}; differs from the turn with history: "
               f"{alone != second})\n")
 
-        shell.sendline("/reset")
-        next_prompt(shell)
-        shell.sendline("Tell me a long story")  # Ctrl-C once its first piece has come
-        shell.expect_exact("Tell me a long story\r\r\n")
+        shell.sendline("/exit")
+        shell.expect(pexpect.EOF)
+        shell.close()
+        assert shell.exitstatus == 0, shell.exitstatus
+
+        # a reply that ends early (EOS, or the first shell's 64 tokens) can be over before a
+        # Ctrl-C lands on a busy machine; this line's greedy reply runs to the context's end
+        shell = start_shell(model, str(sockets), LONG_REPLY)
+        wait_prompt(shell)
+        print("(a second shell, whose replies only the context cuts: about 480 tokens)")
+        shell.sendline("Tell me a very long story")  # Ctrl-C once its first piece has come
+        shell.expect_exact("Tell me a very long story\r\r\n")
         shell.expect(r"\S")
         shell.sendintr()
-        print(">>> Tell me a long story   [Ctrl-C as the reply starts]")
+        print(">>> Tell me a very long story   [Ctrl-C as the reply starts]")
         print(wait_prompt(shell).splitlines()[-1])
         stats = say(shell, "/stats")
         print(f"  (the aborted request's pages are back: {'in use: 0,' in stats})\n")
