@@ -5,6 +5,12 @@ is bounded."""
 
 from __future__ import annotations
 
+import pytest
+
+# the server's packages (pip install -e .[server]): without them this file is skipped
+for _package in ("zmq", "msgpack"):
+    pytest.importorskip(_package)
+
 import collections
 import os
 import signal
@@ -14,7 +20,6 @@ import threading
 import time
 
 import msgpack
-import pytest
 import torch
 from helpers import ROOT, assert_pages_all_back, build_llm, greedy, hf_greedy
 from minisgl.core import SamplingParams

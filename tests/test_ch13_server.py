@@ -4,6 +4,12 @@ processes); the fault test starts its own, since it kills it."""
 
 from __future__ import annotations
 
+import pytest
+
+# the server's packages (pip install -e .[server]): without them this file is skipped
+for _package in ("zmq", "msgpack", "fastapi", "uvicorn", "openai", "httpx"):
+    pytest.importorskip(_package)
+
 import asyncio
 import contextlib
 import itertools
@@ -21,7 +27,6 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 import tiny_models as tm
 import torch
 from helpers import ROOT

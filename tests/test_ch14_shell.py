@@ -5,6 +5,12 @@ Ctrl-D test starts its own, since leaving ends it."""
 
 from __future__ import annotations
 
+import pytest
+
+# the server's packages (pip install -e .[server]): without them this file is skipped
+for _package in ("zmq", "msgpack", "fastapi", "uvicorn", "prompt_toolkit", "pexpect"):
+    pytest.importorskip(_package)
+
 import os
 import re
 import signal
@@ -12,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pexpect
-import pytest
 from helpers import ROOT
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
