@@ -27,6 +27,26 @@ def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """silu(x @ gate) * up for one [BLOCK_M, BLOCK_N] tile: x_ptrs [BLOCK_M, BLOCK_K] and
+    gate_ptrs [BLOCK_K, BLOCK_N] point at K = 0, the up rows lie up_offset elements past the
+    gate rows; two dots over the hidden dimension, one result."""
+    offs_k = tl.arange(0, BLOCK_K)
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, hidden, BLOCK_K):
+        k_ok = offs_k < hidden - k
+        a = tl.load(x_ptrs, mask=rows_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ok = k_ok[:, None] & col_ok
+        gate = tl.dot(a, tl.load(gate_ptrs, mask=w_ok, other=0.0), gate)
+        up = tl.dot(a, tl.load(gate_ptrs + up_offset, mask=w_ok, other=0.0), up)
+        x_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _gate_up_silu_kernel(
     x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     num_pairs, inter, hidden, num_pid_m,
@@ -47,19 +67,9 @@ def _gate_up_silu_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + (pairs // TOP_K)[:, None] * stride_xm + offs_k[None, :]
     gate_ptrs = w1_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
-    up_ptrs = gate_ptrs + inter * stride_wn
     col_ok = offs_n[None, :] < inter
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, hidden, BLOCK_K):
-        k_ok = offs_k < hidden - k
-        a = tl.load(x_ptrs, mask=real[:, None] & k_ok[None, :], other=0.0)
-        gate = tl.dot(a, tl.load(gate_ptrs, mask=k_ok[:, None] & col_ok, other=0.0), gate)
-        up = tl.dot(a, tl.load(up_ptrs, mask=k_ok[:, None] & col_ok, other=0.0), up)
-        x_ptrs += BLOCK_K
-        gate_ptrs += BLOCK_K
-        up_ptrs += BLOCK_K
-    h = gate / (1.0 + tl.exp(-gate)) * up
+    h = silu_gate_up(x_ptrs, gate_ptrs, inter * stride_wn, real, col_ok, hidden,
+                     BLOCK_M, BLOCK_N, BLOCK_K)
     h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_n[None, :]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=col_ok)
 
