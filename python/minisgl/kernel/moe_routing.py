@@ -1,9 +1,10 @@
 """Routing and alignment for the fused MoE, on the GPU and without a host sync.
 
-Three launches: ``route_and_count`` (softmax, top-k and renormalization per token, and how many
-of a block of tokens' pairs go to each expert), ``plan_tiles`` (one program: each expert's run
-of tiles, where each block's pairs start in it, the padding) and ``scatter_pairs`` (each pair to
-its place). Every output is sized for the worst case, so the layer can be captured in a graph.
+Three launches: ``_route_and_count_kernel`` (softmax, top-k and renormalization per token, and
+how many of a block of tokens' pairs go to each expert), ``_plan_tiles_kernel`` (one program:
+each expert's run of tiles, where each block's pairs start in it, the padding) and
+``_scatter_pairs_kernel`` (each pair to its place). Every output is sized for the worst case,
+so the layer can be captured in a graph.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-ROUTE_BLOCK_T = 16  # tokens per program of route_and_count and scatter_pairs
+ROUTE_BLOCK_T = 16  # tokens per program of the routing and the scatter
 
 
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -36,10 +37,11 @@ def _take_largest(probs, experts, BLOCK_E: tl.constexpr):
 
 @triton.jit
 def _routing_probs(logits_ptr, tokens, experts, num_tokens, num_experts,
-                  TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
-                  BLOCK_E: tl.constexpr):
+                   TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
+                   BLOCK_E: tl.constexpr):
     """The softmax of the rows ``tokens`` of the logits [T, E], scaled so that each row's k
-    largest are its routing weights; -1 where there is no token or expert (never chosen)."""
+    largest are its routing weights; negative past the last expert (never chosen). Rows past
+    the last token hold nothing meaningful: the callers mask them."""
     token_ok = tokens < num_tokens
     valid = token_ok[:, None] & (experts[None, :] < num_experts)
     logits = tl.load(logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=valid,
@@ -69,7 +71,7 @@ def _route_and_count_kernel(
     experts = tl.arange(0, BLOCK_E)
     token_ok = tokens < num_tokens
     probs = _routing_probs(logits_ptr, tokens, experts, num_tokens, num_experts,
-                          TOP_K, RENORMALIZE, BLOCK_T, BLOCK_E)
+                           TOP_K, RENORMALIZE, BLOCK_T, BLOCK_E)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for k in tl.static_range(TOP_K):
         best, best_id, probs = _take_largest(probs, experts, BLOCK_E)
