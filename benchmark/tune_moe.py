@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 if "--quick" in sys.argv and not Path("/dev/nvidia0").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
@@ -186,6 +186,25 @@ def tune_tokens(args: argparse.Namespace, num_tokens: int, w1: torch.Tensor, w2:
     return tune_aligned(args, x, gating, w1, w2)
 
 
+def start_record(args: argparse.Namespace, dtype: torch.dtype, device_name: str,
+                 path: Path) -> Dict[str, Any]:
+    """The JSON to write: this run's shape, device, versions and command; an existing file's
+    configs and commands are kept, so re-tuning some token counts keeps the others'."""
+    import triton
+
+    record: Dict[str, Any] = dict(
+        experts=args.experts, inter=args.inter, hidden=args.hidden, topk=args.topk,
+        dtype=DTYPE_NAMES[dtype], device=device_name, date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__, triton=triton.__version__,
+        commands=[" ".join(["PYTHONPATH=python python benchmark/tune_moe.py", *sys.argv[1:]])],
+        configs={})
+    if path.exists():
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+        record["configs"] = earlier["configs"]
+        record["commands"] = earlier.get("commands", []) + record["commands"]
+    return record
+
+
 def main() -> None:
     args = parse_args()
     cuda = torch.cuda.is_available() and not args.quick
@@ -205,18 +224,7 @@ def main() -> None:
           f"I={args.inter}, {DTYPE_NAMES[dtype]}")
     out = args.out or (Path(tempfile.mkdtemp()) if args.quick else CONFIG_DIR)
     path = out / config_file_name(args.experts, args.inter, dtype, device_name)
-    import triton
-
-    record = dict(
-        experts=args.experts, inter=args.inter, hidden=args.hidden, topk=args.topk,
-        dtype=DTYPE_NAMES[dtype], device=device_name, date=time.strftime("%Y-%m-%d"),
-        torch=torch.__version__, triton=triton.__version__,
-        commands=[" ".join(["PYTHONPATH=python python benchmark/tune_moe.py", *sys.argv[1:]])],
-        configs={})
-    if path.exists():  # re-tuning some token counts keeps the others' configs and commands
-        earlier = json.loads(path.read_text(encoding="utf-8"))
-        record["configs"] = earlier["configs"]
-        record["commands"] = earlier.get("commands", []) + record["commands"]
+    record = start_record(args, dtype, device_name, path)
     out.mkdir(parents=True, exist_ok=True)
     for num_tokens in tokens:
         best = tune_tokens(args, num_tokens, w1, w2, device)
@@ -227,6 +235,7 @@ def main() -> None:
         # written after every T: an interrupted search keeps what it found
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}")
+
 
 if __name__ == "__main__":
     main()
