@@ -1,7 +1,7 @@
 """Chapter 21's fused MoE layer against chapter 20's, a tuned baseline and the roofline, on one GPU.
 
     PYTHONPATH=python python benchmark/bench_moe.py [--tokens 1,2,4,...,16384] [--iters 50]
-                                                    [--json OUT]
+                                                    [--layers 8] [--json OUT]
     PYTHONPATH=python python benchmark/bench_moe.py --quick   # on a CPU: a crash check only
 
 Qwen3-30B-A3B's MoE layer (E=128 experts, top-8, H=2048, I=768, bf16, renormalized), random
@@ -20,9 +20,14 @@ lines side by side:
    an 8192^3 bf16 matmul (best of 10).
 4. ch21 fast: chapter 21's ``FastMoeBackend``, replayed from a CUDA graph.
 
-A time is the median of ``--iters`` calls or replays after a warm-up. The L2 is not flushed
-between replays: even at T=1 a replay reads 8 experts' weights, 75 MB, more than the H200's
-50 MB L2, so little survives from one replay to the next. For T <= 512 each line's output is
+A timed call runs ``--layers`` layers back to back, each with its own weights, as a model's
+consecutive MoE layers run in one decode step's graph; the time is per layer. Replaying a
+one-layer graph instead would add the graph's own launch (about 5 us on the H200) to every
+layer, which a captured decode step pays once for all its layers. Each layer reads other
+weights than the one before (1.2 GB each, far more than the H200's 50 MB L2), so no layer
+finds its weights in the cache. A time is the median of ``--iters`` calls or replays after a
+warm-up; the lines take turns call by call, so that each meets the GPU as hot as the others
+do. For T <= 512 each line's output is
 also checked against the reference (``TorchMoeBackend`` in fp32): the largest error relative to
 the largest output. A line whose chapter-21 module is missing prints "not available", so the
 script also runs on chapter 20's tree. ``--json`` writes every number (per-T arrays of ms for
@@ -93,26 +98,39 @@ class Ceilings:
     peak_tflops: float  # dense bf16 matmul
 
 
+def call_ms(run: Callable[[], object], device: str) -> float:
+    """Milliseconds of one call of run: between CUDA events with the queue drained first, or by
+    the clock on a CPU."""
+    if device != "cuda":
+        start_s = time.perf_counter()
+        run()
+        return (time.perf_counter() - start_s) * 1e3
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    run()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
 def median_ms(run: Callable[[], object], device: str, iters: int, warmup: int = 3) -> float:
-    """Median milliseconds of run(), each call alone: between CUDA events with the queue drained
-    first, or by the clock on a CPU."""
-    for _ in range(warmup):
-        run()
-    times = []
-    for _ in range(iters):
-        if device != "cuda":
-            start_s = time.perf_counter()
+    """Median milliseconds of run(), each call alone (``call_ms``)."""
+    return interleaved_median_ms({"run": run}, device, iters, warmup)["run"]
+
+
+def interleaved_median_ms(runs: Dict[str, Callable[[], object]], device: str, iters: int,
+                          warmup: int) -> Dict[str, float]:
+    """Each run's median milliseconds, the runs taking turns call by call: a line timed after a
+    heavy one would otherwise meet a hotter GPU at lower clocks than the one timed first."""
+    for run in runs.values():
+        for _ in range(warmup):
             run()
-            times.append((time.perf_counter() - start_s) * 1e3)
-            continue
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    times: Dict[str, List[float]] = {name: [] for name in runs}
+    for _ in range(iters):
+        for name, run in runs.items():
+            times[name].append(call_ms(run, device))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def best_ms(run: Callable[[], object], device: str, tries: int) -> float:
@@ -163,6 +181,14 @@ def make_lines() -> Dict[str, Forward | None]:
     return lines
 
 
+def make_weights(shape: Shape, device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Random w1 [E, 2I, H] and w2 [E, H, I] in the shape's dtype, scaled so that activations
+    stay near 1."""
+    w1 = torch.randn(shape.experts, 2 * shape.inter, shape.hidden, device=device)
+    w2 = torch.randn(shape.experts, shape.hidden, shape.inter, device=device)
+    return (w1 / shape.hidden**0.5).to(shape.dtype), (w2 / shape.inter**0.5).to(shape.dtype)
+
+
 def graph_of(run: Callable[[], torch.Tensor]) -> Tuple[Callable[[], object], torch.Tensor]:
     """run captured in a CUDA graph -> (a replay, the tensor each replay writes its output to)."""
     run()  # compile the kernels outside the capture
@@ -185,31 +211,40 @@ class Row:
     errors: Dict[str, float | None]  # None: not checked at this T, or the line is missing
 
 
-def measure_row(tokens: int, shape: Shape, weights: Tuple[torch.Tensor, ...],
+def measure_row(tokens: int, shape: Shape, weights: List[Tuple[torch.Tensor, torch.Tensor]],
                 lines: Dict[str, Forward | None], ceilings: Ceilings, device: str,
                 iters: int, warmup: int, graphs: bool) -> Row:
-    w1, w2, w1_ref, w2_ref = weights
+    """One T: each line's time per layer and its error. A timed call runs the layer once per
+    set of weights, as consecutive layers of a model do (one graph holds them all); the output
+    checked is the first layer's, against the reference on fp32 copies of its weights."""
     x = torch.randn(tokens, shape.hidden, device=device).to(shape.dtype)
     gating = torch.randn(tokens, shape.experts, device=device)
-    args = (x, w1, w2, gating, shape.topk, True)
     touched = select_experts(gating, shape.topk, True)[1].unique().numel()
     reference = None
     if tokens <= CHECKED_UP_TO:
-        reference = TorchMoeBackend().forward(x.float(), w1_ref, w2_ref, gating, shape.topk, True)
+        w1, w2 = weights[0]
+        reference = TorchMoeBackend().forward(x.float(), w1.float(), w2.float(), gating,
+                                              shape.topk, True)
     row = Row(tokens, touched, {}, {})
+    runs, outs = {}, {}
     for name, forward in lines.items():
         row.ms[name], row.errors[name] = None, None
         if name == "roofline":
             row.ms[name] = roofline_ms(shape, tokens, touched, ceilings)
         elif forward is not None:
+            def layers(forward: Forward = forward) -> torch.Tensor:
+                return [forward(x, w1, w2, gating, shape.topk, True) for w1, w2 in weights][0]
+
             if graphs and name != "ch20 fused":  # chapter 20 reads back to the host mid-layer
-                run, out = graph_of(lambda forward=forward: forward(*args))
+                runs[name], outs[name] = graph_of(layers)
             else:
-                run, out = (lambda forward=forward: forward(*args)), forward(*args)
-            row.ms[name] = median_ms(run, device, iters, warmup)
-            if reference is not None:  # out: what the timed graph (or call) wrote
-                error = (out.float() - reference).abs().max() / reference.abs().max()
-                row.errors[name] = error.item()
+                runs[name], outs[name] = layers, layers()
+    timed = interleaved_median_ms(runs, device, iters, warmup)
+    row.ms.update({name: ms / len(weights) for name, ms in timed.items()})
+    for name, out in outs.items():  # out: what the timed graph (or call) wrote
+        if reference is not None:
+            error = (out.float() - reference).abs().max() / reference.abs().max()
+            row.errors[name] = error.item()
     return row
 
 
@@ -286,6 +321,8 @@ def main() -> int:
     parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
                         help="batch sizes T, comma-separated")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--layers", type=int, default=8,
+                        help="layers per timed call, each with its own weights (default 8)")
     parser.add_argument("--json", type=Path, help="write every number to this file")
     parser.add_argument("--quick", action="store_true", help="tiny shape, for a crash check")
     args = parser.parse_args()
@@ -307,10 +344,7 @@ def main() -> int:
           f"{'bf16' if cuda else 'fp32'} matmul {ceilings.peak_tflops:.1f} TFLOP/s")
     if args.quick:
         print("quick: a crash and agreement check; its times mean nothing")
-    w1 = torch.randn(shape.experts, 2 * shape.inter, shape.hidden, device=device)
-    w2 = torch.randn(shape.experts, shape.hidden, shape.inter, device=device)
-    w1, w2 = (w1 / shape.hidden**0.5).to(shape.dtype), (w2 / shape.inter**0.5).to(shape.dtype)
-    weights = (w1, w2, w1.float(), w2.float())  # the fp32 copies for the reference
+    weights = [make_weights(shape, device) for _ in range(2 if args.quick else args.layers)]
     lines = make_lines()
     lines["roofline"] = None
     rows = [measure_row(t, shape, weights, lines, ceilings, device, iters, warmup, graphs)

@@ -77,15 +77,18 @@ def block_ms(num_tokens: int, topk: int, num_experts: int) -> List[int]:
             <= hi]
 
 
-def decode_candidates(kernel: str, quick: bool) -> Iterator[Gemm]:
-    """The decode path's tiles: the first kernel's (a dot of 16 rows), the second's (a
-    matrix-vector product); GROUP_M has no meaning there."""
+def decode_candidates(kernel: str, topk: int, quick: bool) -> Iterator[Gemm]:
+    """The decode path's tiles: the first kernel's (a dot of 16 rows), the second's (k
+    matrix-vector products, [k, BLOCK_N, BLOCK_K] a step, held across a step: at most 64
+    values a thread, past which registers spill); GROUP_M has no meaning there."""
     if quick:
         space = [(16, 16, 4, 2), (16, 32, 4, 2)]
     elif kernel == "gate_up":
         space = itertools.product((16, 32, 64), (64, 128), (4,), (3, 4))
     else:
-        space = itertools.product((8, 16), (256, 512), (4,), (2,))
+        space = [(n, k, w, 2) for n, k, w in itertools.product((4, 8, 16), (64, 128, 256, 512),
+                                                                (2, 4, 8))
+                 if topk * n * k <= 64 * 32 * w]
     for n, k, w, s in space:
         yield dict(BLOCK_N=n, BLOCK_K=k, GROUP_M=1, num_warps=w, num_stages=s)
 
@@ -169,9 +172,9 @@ def tune_decode(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
         return lambda: backend.forward_with(config, x, w1, w2, gating, args.topk, True)
 
     gate_up, _ = best_of(lambda g: layer(g, start["down"]),
-                         decode_candidates("gate_up", args.quick), args.quick)
-    down_cfg, us = best_of(lambda g: layer(gate_up, g), decode_candidates("down", args.quick),
-                           args.quick)
+                         decode_candidates("gate_up", args.topk, args.quick), args.quick)
+    down_cfg, us = best_of(lambda g: layer(gate_up, g),
+                           decode_candidates("down", args.topk, args.quick), args.quick)
     return dict(path="decode", gate_up=gate_up, down=down_cfg, us=dict(layer=round(us, 2)))
 
 
@@ -201,7 +204,7 @@ def start_record(args: argparse.Namespace, dtype: torch.dtype, device_name: str,
     if path.exists():
         earlier = json.loads(path.read_text(encoding="utf-8"))
         record["configs"] = earlier["configs"]
-        record["commands"] = earlier.get("commands", []) + record["commands"]
+        record["commands"] = list(dict.fromkeys(earlier.get("commands", []) + record["commands"]))
     return record
 
 

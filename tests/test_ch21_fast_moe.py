@@ -146,8 +146,9 @@ def test_moe_align_edge_cases_match_chapter_20(case: str) -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("tokens, num_experts, topk, block_m", [
-    (1, 8, 2, 16), (17, 6, 2, 16), (40, 128, 8, 16), (50, 5, 3, 64), (33, 8, 1, 4)])
+@pytest.mark.parametrize("tokens, num_experts, topk, block_m", [  # 600: 38 blocks of 16 tokens,
+    (1, 8, 2, 16), (17, 6, 2, 16), (40, 128, 8, 16), (50, 5, 3, 64), (33, 8, 1, 4),  # more than
+    (600, 6, 2, 16)])  # the plan reads per step (PLAN_CHUNK_B), and a last step part-filled
 def test_route_then_align_matches_chapter_20(tokens, num_experts, topk, block_m) -> None:
     from minisgl.kernel.moe_routing import align, route
 
@@ -279,6 +280,18 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot) ->
     want[pairs[slots]] = weights[pairs[slots], None] * rows
     assert real.sum() == tokens * topk  # every pair has one slot
     torch.testing.assert_close(y, want, **TOL)
+
+
+
+@interpreted
+@pytest.mark.parametrize("tokens, topk, hidden", [(1, 1, 8), (19, 3, 300), (8, 8, 256)])
+def test_sum_choices_adds_each_tokens_k_rows(tokens, topk, hidden) -> None:
+    """T past a tile of tokens and H past a tile of columns (8 by 256) included."""
+    from minisgl.kernel.fused_moe import sum_choices
+
+    torch.manual_seed(tokens)
+    y = torch.randn(tokens * topk, hidden)
+    torch.testing.assert_close(sum_choices(y, topk), y.view(tokens, topk, hidden).sum(dim=1))
 
 
 # ---- the backend ------------------------------------------------------------------------------
@@ -551,6 +564,21 @@ def test_fast_at_qwen3_30b_a3b_shape(tokens: int) -> None:
         assert got.dtype == torch.bfloat16 and got.shape == (tokens, 2048)
         err = (got.float() - want).abs().max().item() / want.abs().max().item()
         assert err < 2e-2, f"{name}: max error {err:.2e} of the largest output"
+
+
+@on_cuda
+@pytest.mark.parametrize("tokens", [1, 3, 16])
+def test_decode_launched_early_equals_launched_in_order(tokens: int) -> None:
+    """Programmatic dependent launch changes when programs start, never what they compute: a
+    missing gdc_wait would let the down kernel read h before it is written."""
+    from minisgl.kernel.moe_decode import decode_moe
+    from minisgl.moe.configs import default_config
+
+    x, w1, w2, gating = _qwen3_30b_inputs(tokens)
+    config = default_config(tokens, 8, 128)
+    early = [decode_moe(x, w1, w2, gating, 8, True, config, pdl=True) for _ in range(3)]
+    in_order = decode_moe(x, w1, w2, gating, 8, True, config, pdl=False)
+    assert all(torch.equal(out, in_order) for out in early)
 
 
 @on_cuda

@@ -3,7 +3,8 @@
 ``gate_up_silu``: h[slot] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T) for the pair in each
 sorted slot; the [pairs, 2I] product is never written. ``down``: y[pair] = weight * h[slot] @
 w2[e].T. Both launch a grid for the worst case and let the programs past the used tiles return,
-so no size is read on the host. Tile sizes come per call (moe/configs.py).
+so no size is read on the host. Tile sizes come per call (moe/configs.py). ``sum_choices``
+adds up each token's k rows of y.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any, Dict
 import torch
 import triton
 import triton.language as tl
+
+SUM_BLOCK_T, SUM_BLOCK_H = 8, 256  # the k-sum's tile: 8 tokens by 256 columns
 
 
 @triton.jit
@@ -107,6 +110,22 @@ def _down_kernel(
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=real[:, None] & col_ok)
 
 
+@triton.jit
+def _sum_choices_kernel(y_ptr, out_ptr, num_tokens, hidden, TOP_K: tl.constexpr,
+                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t, n] = sum over j of y[t * k + j, n] for BLOCK_T tokens and BLOCK_H columns: the
+    k loads are independent, so all are in flight at once."""
+    tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ok = (tokens < num_tokens)[:, None] & (cols < hidden)[None, :]
+    acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        rows = tokens * TOP_K + j
+        acc += tl.load(y_ptr + rows[:, None] * hidden + cols[None, :], mask=ok).to(tl.float32)
+    tl.store(out_ptr + tokens[:, None] * hidden + cols[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=ok)
+
+
 def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
                     expert_ids: torch.Tensor) -> Dict[str, Any]:
     """The kernel's tile sizes: BLOCK_M is the alignment's (slots per tile), the rest config's."""
@@ -141,3 +160,14 @@ def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tens
         h, w2, y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, w2.shape[2],
         num_pid_m, h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
         **_launch_options(config, sorted_ids, expert_ids))
+
+
+def sum_choices(y: torch.Tensor, topk: int) -> torch.Tensor:
+    """[T, H]: each token's k rows of y [T * k, H] (contiguous) added up, in fp32, in one pass
+    over y (torch's sum over the middle dimension of [T, k, H] reads it more slowly)."""
+    num_tokens, hidden = y.shape[0] // topk, y.shape[1]
+    out = y.new_empty(num_tokens, hidden)
+    grid = (triton.cdiv(num_tokens, SUM_BLOCK_T), triton.cdiv(hidden, SUM_BLOCK_H))
+    _sum_choices_kernel[grid](y, out, num_tokens, hidden, TOP_K=topk, BLOCK_T=SUM_BLOCK_T,
+                              BLOCK_H=SUM_BLOCK_H)
+    return out

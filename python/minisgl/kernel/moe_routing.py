@@ -14,8 +14,10 @@ from typing import Tuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 ROUTE_BLOCK_T = 16  # tokens per program of the routing and the scatter
+PLAN_CHUNK_B = 64  # blocks' counts the plan reads per step
 
 
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -36,73 +38,86 @@ def _take_largest(probs, experts, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _routing_probs(logits_ptr, tokens, experts, num_tokens, num_experts,
-                   TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
-                   BLOCK_E: tl.constexpr):
-    """The softmax of the rows ``tokens`` of the logits [T, E], scaled so that each row's k
-    largest are its routing weights; negative past the last expert (never chosen). Rows past
-    the last token hold nothing meaningful: the callers mask them."""
-    token_ok = tokens < num_tokens
-    valid = token_ok[:, None] & (experts[None, :] < num_experts)
+def _route_rows(logits_ptr, tokens, experts, num_tokens, num_experts,
+                TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
+                BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The rows ``tokens`` of the logits [T, E]: each row's k largest softmax values and their
+    experts, [rows, BLOCK_K] (renormalized to sum to 1 if asked), and the probabilities with the
+    chosen ones struck out (-1), as are the entries past the last token or expert."""
+    valid = (tokens < num_tokens)[:, None] & (experts[None, :] < num_experts)
     logits = tl.load(logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=valid,
                      other=0.0).to(tl.float32)
     logits = tl.where(experts[None, :] < num_experts, logits, -float("inf"))  # rows past T: 0s
     probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
     probs = tl.where(valid, probs / tl.sum(probs, axis=1)[:, None], -1.0)
-    if RENORMALIZE:  # a first pass for the sum of the k largest (norm_topk_prob)
-        chosen_sum = tl.zeros([BLOCK_T], dtype=tl.float32)
-        rest = probs
-        for _ in tl.static_range(TOP_K):
-            best, _, rest = _take_largest(rest, experts, BLOCK_E)
-            chosen_sum += best
-        probs = probs / chosen_sum[:, None]  # a positive scale: the order is the same
-    return probs
+    slots = tl.arange(0, BLOCK_K)[None, :]
+    weights = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+    ids = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.int32)
+    for j in tl.static_range(TOP_K):
+        best, best_id, probs = _take_largest(probs, experts, BLOCK_E)
+        weights = tl.where(slots == j, best[:, None], weights)
+        ids = tl.where(slots == j, best_id[:, None], ids)
+    if RENORMALIZE:  # norm_topk_prob: the k weights sum to 1
+        weights = weights / tl.sum(weights, axis=1)[:, None]
+    return weights, ids, probs
 
 
 @triton.jit
 def _route_and_count_kernel(
     logits_ptr, weights_ptr, ids_ptr, block_counts_ptr, num_tokens, num_experts,
-    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, COUNT: tl.constexpr,
+    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
-    """Tokens [pid * BLOCK_T, +BLOCK_T): their top-k experts and weights, and the block's count
-    of pairs per expert in block_counts[pid, :]."""
+    """Tokens [pid * BLOCK_T, +BLOCK_T): their top-k experts and weights, and (if COUNT) the
+    block's count of pairs per expert in block_counts[pid, :]: the struck-out probabilities."""
     pid = tl.program_id(0)
+    if PDL:
+        gdc_launch_dependents()  # the next kernel waits for our writes in its gdc_wait
     tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, BLOCK_E)
-    token_ok = tokens < num_tokens
-    probs = _routing_probs(logits_ptr, tokens, experts, num_tokens, num_experts,
-                           TOP_K, RENORMALIZE, BLOCK_T, BLOCK_E)
-    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for k in tl.static_range(TOP_K):
-        best, best_id, probs = _take_largest(probs, experts, BLOCK_E)
-        tl.store(weights_ptr + tokens * TOP_K + k, best, mask=token_ok)
-        tl.store(ids_ptr + tokens * TOP_K + k, best_id, mask=token_ok)
-        hit = (experts[None, :] == best_id[:, None]) & token_ok[:, None]
-        counts += tl.sum(hit.to(tl.int32), axis=0)
-    tl.store(block_counts_ptr + pid * BLOCK_E + experts, counts)
+    weights, ids, probs = _route_rows(logits_ptr, tokens, experts, num_tokens, num_experts,
+                                      TOP_K, RENORMALIZE, BLOCK_T, BLOCK_E, BLOCK_K)
+    slots = tl.arange(0, BLOCK_K)
+    out = tokens[:, None] * TOP_K + slots[None, :]
+    mine = (tokens < num_tokens)[:, None] & (slots < TOP_K)[None, :]
+    tl.store(weights_ptr + out, weights, mask=mine)
+    tl.store(ids_ptr + out, ids, mask=mine)
+    if COUNT:
+        chosen = (probs == -1.0) & (tokens < num_tokens)[:, None] & (experts < num_experts)[None, :]
+        tl.store(block_counts_ptr + pid * BLOCK_E + experts, tl.sum(chosen.to(tl.int32), axis=0))
 
 
 @triton.jit
 def _plan_tiles_kernel(
     block_counts_ptr, block_offsets_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     num_blocks, num_pairs, tiles_capacity,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, TILE_CHUNK: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_B: tl.constexpr,
+    TILE_CHUNK: tl.constexpr,
 ):
     """One program. Each expert's pairs take a run of whole tiles, in expert order; each block
-    of tokens' pairs of expert e start at that run's start plus the earlier blocks' pairs of e."""
+    of tokens' pairs of expert e start at that run's start plus the earlier blocks' pairs of e.
+    The blocks' counts are read CHUNK_B rows at a time: a row per step would make 16,384
+    tokens a chain of a thousand dependent loads."""
     experts = tl.arange(0, BLOCK_E)
+    chunk = tl.arange(0, CHUNK_B)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for b in range(num_blocks):
-        counts += tl.load(block_counts_ptr + b * BLOCK_E + experts)
+    for b in range(0, num_blocks, CHUNK_B):
+        rows = tl.load(block_counts_ptr + (b + chunk)[:, None] * BLOCK_E + experts[None, :],
+                       mask=(b + chunk < num_blocks)[:, None], other=0)
+        counts += tl.sum(rows, axis=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     tile_end = tl.cumsum(tiles, axis=0)
     tile_start = tile_end - tiles
     total_tiles = tl.sum(tiles, axis=0)
     tl.store(num_padded_ptr, total_tiles * BLOCK_M)
     running = tile_start * BLOCK_M
-    for b in range(num_blocks):  # where block b's pairs of each expert begin
-        tl.store(block_offsets_ptr + b * BLOCK_E + experts, running)
-        running += tl.load(block_counts_ptr + b * BLOCK_E + experts)
+    for b in range(0, num_blocks, CHUNK_B):  # where each block's pairs of each expert begin
+        offsets = (b + chunk)[:, None] * BLOCK_E + experts[None, :]
+        in_range = (b + chunk < num_blocks)[:, None]
+        rows = tl.load(block_counts_ptr + offsets, mask=in_range, other=0)
+        tl.store(block_offsets_ptr + offsets, running[None, :] + tl.cumsum(rows, axis=0) - rows,
+                 mask=in_range)
+        running += tl.sum(rows, axis=0)
     # the slots after each expert's pairs, up to its last tile's end, hold the sentinel num_pairs
     lanes = tl.arange(0, BLOCK_M)
     pad_pos = running[:, None] + lanes[None, :]
@@ -133,20 +148,26 @@ def _scatter_pairs_kernel(
     tl.store(sorted_ids_ptr + pos, pairs, mask=mine)
 
 
-def route(gating_output: torch.Tensor, topk: int, renormalize: bool,
-          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def route(gating_output: torch.Tensor, topk: int, renormalize: bool, count: bool = True,
+          pdl: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Top-k of the softmax of the router's logits [T, E], in one launch: weights [T, k] fp32,
-    expert ids [T, k] int32, and each block of ROUTE_BLOCK_T tokens' pair count per expert."""
+    expert ids [T, k] int32, and (if count) each block of ROUTE_BLOCK_T tokens' pair count per
+    expert, which the alignment needs and the decode path does not. Without counts a few tokens
+    take a block their size: one token's routing is then one warp's, with no rows to waste.
+    pdl: let the next kernel start before this one ends (kernel/moe_decode.py)."""
     num_tokens, num_experts = gating_output.shape
+    block_t = ROUTE_BLOCK_T if count else min(ROUTE_BLOCK_T, triton.next_power_of_2(num_tokens))
     block_e = triton.next_power_of_2(num_experts)
-    num_blocks = triton.cdiv(num_tokens, ROUTE_BLOCK_T)
+    num_blocks = triton.cdiv(num_tokens, block_t)
     device = gating_output.device
     weights = torch.empty(num_tokens, topk, dtype=torch.float32, device=device)
     ids = torch.empty(num_tokens, topk, dtype=torch.int32, device=device)
-    block_counts = torch.empty(num_blocks, block_e, dtype=torch.int32, device=device)
+    block_counts = torch.empty(num_blocks, block_e, dtype=torch.int32, device=device) \
+        if count else None
     _route_and_count_kernel[(num_blocks,)](
         gating_output.contiguous(), weights, ids, block_counts, num_tokens, num_experts,
-        TOP_K=topk, RENORMALIZE=renormalize, BLOCK_T=ROUTE_BLOCK_T, BLOCK_E=block_e)
+        TOP_K=topk, RENORMALIZE=renormalize, COUNT=count, BLOCK_T=block_t, BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(topk), PDL=pdl, num_warps=max(1, block_t // 4))
     return weights, ids, block_counts
 
 
@@ -165,7 +186,7 @@ def align(topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int,
     block_offsets = torch.empty_like(block_counts)
     _plan_tiles_kernel[(1,)](
         block_counts, block_offsets, sorted_ids, expert_ids, num_padded, num_blocks, num_pairs,
-        capacity, BLOCK_M=block_m, BLOCK_E=block_e, TILE_CHUNK=256)
+        capacity, BLOCK_M=block_m, BLOCK_E=block_e, CHUNK_B=PLAN_CHUNK_B, TILE_CHUNK=256)
     _scatter_pairs_kernel[(num_blocks,)](
         topk_ids, block_offsets, sorted_ids, num_pairs,
         TOP_K=topk, BLOCK_T=ROUTE_BLOCK_T, BLOCK_E=block_e,

@@ -49,7 +49,7 @@ def default_config(num_tokens: int, topk: int, num_experts: int) -> MoeConfig:
     per expert waste most of a tall tile, so small batches take 16-row tiles and wide K steps
     (the weights are the cost); large ones take 128-row tiles (the arithmetic is)."""
     if num_tokens <= DECODE_MAX_TOKENS:
-        return dict(path="decode", gate_up=_gemm(32, 128, 1, 4, 3), down=_gemm(16, 256, 1, 4, 3))
+        return dict(path="decode", gate_up=_gemm(32, 128, 1, 4, 3), down=_gemm(8, 128, 1, 4, 3))
     per_expert = num_tokens * topk / num_experts
     if per_expert <= 4:
         return dict(path="aligned", BLOCK_M=16, gate_up=_gemm(64, 128, 1, 4, 4),

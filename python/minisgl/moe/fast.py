@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from minisgl.kernel.fused_moe import down, gate_up_silu
+from minisgl.kernel.fused_moe import down, gate_up_silu, sum_choices
 from minisgl.kernel.moe_decode import decode_moe
 from minisgl.kernel.moe_routing import align, route
 
@@ -17,8 +17,8 @@ from .configs import MoeConfig, get_config
 
 class FastMoeBackend(BaseMoeBackend):
     """A few tokens: three launches (route, gate_up with SiLU, down with the sum of each
-    token's k outputs; kernel/moe_decode.py). More: five (route, plan, scatter, gate_up with
-    SiLU, down) and the sum."""
+    token's k outputs; kernel/moe_decode.py). More: six (route, plan, scatter, gate_up with
+    SiLU, down, the sum of each token's k outputs)."""
 
     supports_cuda_graph = True
 
@@ -47,4 +47,4 @@ class FastMoeBackend(BaseMoeBackend):
         gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, topk, config["gate_up"])
         y = x.new_empty(num_tokens * topk, hidden)  # [T * k, H]: already times the weight
         down(h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, config["down"])
-        return y.view(num_tokens, topk, hidden).sum(dim=1)
+        return sum_choices(y, topk)
