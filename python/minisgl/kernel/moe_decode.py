@@ -5,13 +5,13 @@ bytes once is the whole cost. Sorting and padding would add two launches for tha
 the routing (one program for up to 16 tokens) ``_decode_gate_up_kernel`` runs one program per
 (pair, column block): the first pair of each expert does that expert's work for every token
 that chose it (at most T, one row each) and later pairs of the same expert return at once, so
-only the chosen experts' weights are read, each once, and no program waits for nothing.
-``_decode_down_kernel`` runs one program per (token, column block), loads the token's k
-experts' weights together and sums their outputs, so nothing is left to add up afterwards.
+only the chosen experts' weights are read, each once, and no program is launched for an expert
+nobody chose. ``_decode_down_kernel`` runs one program per (token, column block), loads the
+token's k experts' weights together and sums their outputs, so nothing is left to add up.
 
-A decode step's three kernels are short (tens of microseconds), so the gap between two of them
-counts. With programmatic dependent launch (PDL, Hopper and later) a kernel is launched while
-the one before it still runs: its programs get their place on the GPU early and wait in
+A decode step's three kernels are short (about ten microseconds each), so the gap between two
+of them counts. With programmatic dependent launch (PDL, Hopper and later) a kernel is launched
+while the one before it still runs: its programs get their place on the GPU early and wait in
 ``gdc_wait`` until the earlier kernel has finished and its writes are visible, then go. The
 earlier kernel says when that may happen with ``gdc_launch_dependents``.
 """
