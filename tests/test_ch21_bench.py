@@ -221,3 +221,27 @@ def test_tune_moe_quick_writes_configs_and_keeps_other_token_counts(tmp_path) ->
     second = tune("--tokens", "1")
     assert second["configs"]["33"]["marker"] == "kept"
     assert len(second["commands"]) == 2 and second["commands"][1].endswith("--tokens 1")
+
+
+@interpreted
+def test_profile_moe_padding_counts_chapter_20s_slots() -> None:
+    """profile_moe.py's padding line: the slots chapter 20's alignment makes for the same
+    routing and tile height, and no line for a decode batch."""
+    from minisgl.moe.base import select_experts
+    from minisgl.moe.configs import default_config
+    from minisgl.moe.fused import moe_align_block_size
+
+    sys.path.insert(0, str(BENCHMARK))
+    try:
+        from profile_moe import padding
+    finally:
+        sys.path.remove(str(BENCHMARK))
+    torch.manual_seed(0)
+    logits = torch.randn(600, 128)
+    block_m = default_config(600, 8, 128)["BLOCK_M"]
+    ids = select_experts(logits, 8, True)[1]
+    slots = moe_align_block_size(ids, block_m, 128)[0].numel()
+    share = f"{100 * (1 - ids.numel() / slots):.1f}% padding"
+    assert padding(logits, 8, 768, torch.bfloat16) == \
+        f"BLOCK_M {block_m}: {slots} slots for {ids.numel()} pairs, {share}"
+    assert padding(logits[:16], 8, 768, torch.bfloat16) == "decode path"
