@@ -102,9 +102,9 @@ def _plan_tiles_kernel(
     chunk = tl.arange(0, CHUNK_B)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for b in range(0, num_blocks, CHUNK_B):
-        rows = tl.load(block_counts_ptr + (b + chunk)[:, None] * BLOCK_E + experts[None, :],
-                       mask=(b + chunk < num_blocks)[:, None], other=0)
-        counts += tl.sum(rows, axis=0)
+        offsets = (b + chunk)[:, None] * BLOCK_E + experts[None, :]
+        in_range = (b + chunk < num_blocks)[:, None]
+        counts += tl.sum(tl.load(block_counts_ptr + offsets, mask=in_range, other=0), axis=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     tile_end = tl.cumsum(tiles, axis=0)
     tile_start = tile_end - tiles
