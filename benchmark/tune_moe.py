@@ -109,6 +109,15 @@ def candidates(block_m: int, quick: bool) -> Iterator[Gemm]:
         yield dict(BLOCK_N=n, BLOCK_K=k, GROUP_M=g, num_warps=w, num_stages=s)
 
 
+def with_half_tails(space: Iterator[Gemm], block_m: int) -> Iterator[Gemm]:
+    """Each candidate, and for tiles of 64 rows or more the same with HALF_TAILS: an expert's
+    last tile computes one half when the other is all padding (kernel/fused_moe.py)."""
+    for gemm in space:
+        yield gemm
+        if block_m >= 64:
+            yield dict(gemm, HALF_TAILS=True)
+
+
 def time_us(fn: Callable[[], None], quick: bool) -> float:
     """Microseconds per call of fn, replayed in a CUDA graph; on a CPU one call's wall time."""
     if quick:
@@ -151,10 +160,10 @@ def tune_aligned(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor
         h = x.new_empty(sorted_ids.numel(), args.inter)
         gate_up, gate_up_us = best_of(lambda g: lambda: gate_up_silu(
             x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g),
-            candidates(block_m, args.quick), args.quick)
+            with_half_tails(candidates(block_m, args.quick), block_m), args.quick)
         down_cfg, down_us = best_of(lambda g: lambda: down(
             h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g),
-            candidates(block_m, args.quick), args.quick)
+            with_half_tails(candidates(block_m, args.quick), block_m), args.quick)
         results.append(dict(path="aligned", BLOCK_M=block_m, gate_up=gate_up, down=down_cfg,
                             us=dict(gate_up=round(gate_up_us, 2), down=round(down_us, 2))))
     return min(results, key=lambda r: r["us"]["gate_up"] + r["us"]["down"])

@@ -42,6 +42,11 @@ def _aligned(block_m: int, group_m: int = 1) -> Dict[str, Any]:
 DECODE = dict(path="decode", gate_up=_gemm(16, 16), down=_gemm(16, 16))
 
 
+def _half_tails(config: Dict[str, Any]) -> Dict[str, Any]:
+    return dict(config, gate_up=dict(config["gate_up"], HALF_TAILS=True),
+                down=dict(config["down"], HALF_TAILS=True))
+
+
 def _gating(tokens: int, num_experts: int, hot: int | None = None) -> torch.Tensor:
     """Router logits; with ``hot``, that expert's column is far the largest for every token."""
     gating = torch.randn(tokens, num_experts)
@@ -235,14 +240,24 @@ def _sorted_pairs(tokens: int, num_experts: int, topk: int, block_m: int,
 
 GEMM_CASES = [  # tokens, experts, k, block_m, group_m, hot expert
     (1, 8, 2, 16, 1, None), (19, 6, 2, 16, 4, None), (37, 5, 3, 16, 2, None),
-    (21, 6, 2, 4, 3, 2), (70, 8, 2, 64, 1, None)]
+    (21, 6, 2, 4, 3, 2), (70, 8, 2, 64, 1, None), (150, 4, 2, 32, 2, 1)]  # tails of every size
+HALF_TAILS = [False, True]  # True: a tile whose second half is padding computes its first only
+
+
+def _gemm_config(group_m: int, block_m: int, half_tails: bool) -> Dict[str, Any]:
+    if half_tails and block_m < 32:
+        pytest.skip("half tiles need BLOCK_M of 32 or more (tl.dot's 16 rows)")
+    return dict(_gemm(16, 16, group_m), HALF_TAILS=half_tails)
 
 
 @interpreted
+@pytest.mark.parametrize("half_tails", HALF_TAILS)
 @pytest.mark.parametrize("tokens, num_experts, topk, block_m, group_m, hot", GEMM_CASES)
-def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m, hot) -> None:
+def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
+                                    half_tails) -> None:
     """Every used slot: silu(x @ gate.T) * (x @ up.T) of its pair's token and its tile's expert;
-    zeros in the padding. GROUP_M > 1 swizzles the tiles: each must still be computed once."""
+    zeros in the padding that is computed (with half tails, a tail's padding half is not).
+    GROUP_M > 1 swizzles the tiles: each must still be computed once."""
     from minisgl.kernel.fused_moe import gate_up_silu
 
     torch.manual_seed(tokens)
@@ -251,18 +266,32 @@ def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m,
     _, sorted_ids, expert_ids, num_padded, pairs, experts = _sorted_pairs(
         tokens, num_experts, topk, block_m, hot)
     h = torch.full((sorted_ids.numel(), 20), float("nan"))
-    gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, topk, _gemm(16, 16, group_m))
+    config = _gemm_config(group_m, block_m, half_tails)
+    gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, topk, config)
     real = pairs < tokens * topk
     rows = x[pairs.clamp(max=tokens * topk - 1) // topk]
     gate = torch.einsum("sh,sih->si", rows, w1[experts, :20])
     up = torch.einsum("sh,sih->si", rows, w1[experts, 20:])
     want = torch.where(real[:, None], F.silu(gate) * up, 0.0)
-    torch.testing.assert_close(h[:pairs.numel()], want, **TOL)
+    written = ~_padding_halves(pairs, block_m, tokens * topk) if half_tails \
+        else torch.ones_like(real)
+    torch.testing.assert_close(h[:pairs.numel()][written], want[written], **TOL)
+    assert written[real].all()
+    assert h[:pairs.numel()][~written].isnan().all()  # the halves skipped were never computed
+
+
+def _padding_halves(pairs: torch.Tensor, block_m: int, num_pairs: int) -> torch.Tensor:
+    """Per used slot: whether it lies in a tile's second half that is all padding."""
+    tiles = (pairs >= num_pairs).view(-1, 2, block_m // 2).all(dim=2)
+    return torch.stack([torch.zeros_like(tiles[:, 1]), tiles[:, 1]], dim=1) \
+        .repeat_interleave(block_m // 2, dim=1).view(-1)
 
 
 @interpreted
+@pytest.mark.parametrize("half_tails", HALF_TAILS)
 @pytest.mark.parametrize("tokens, num_experts, topk, block_m, group_m, hot", GEMM_CASES)
-def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot) -> None:
+def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
+                            half_tails) -> None:
     """Every pair's row: its routing weight times h[its slot] @ w2[its expert].T."""
     from minisgl.kernel.fused_moe import down
 
@@ -272,7 +301,8 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot) ->
         tokens, num_experts, topk, block_m, hot)
     h = torch.randn(sorted_ids.numel(), 20)
     y = torch.full((tokens * topk, 40), float("nan"))
-    down(h, w2, y, weights, sorted_ids, expert_ids, num_padded, _gemm(16, 16, group_m))
+    down(h, w2, y, weights, sorted_ids, expert_ids, num_padded,
+         _gemm_config(group_m, block_m, half_tails))
     real = pairs < tokens * topk
     want = torch.empty_like(y)
     slots = real.nonzero().squeeze(1)
@@ -282,6 +312,18 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot) ->
     torch.testing.assert_close(y, want, **TOL)
 
 
+
+
+@interpreted
+def test_half_tails_refuse_tiles_too_short_to_halve() -> None:
+    from minisgl.kernel.fused_moe import gate_up_silu
+
+    _, sorted_ids, expert_ids, num_padded, _, _ = _sorted_pairs(5, 4, 2, 16)
+    w1, _ = _weights(4, 40, 20)
+    h = torch.empty(sorted_ids.numel(), 20)
+    with pytest.raises(ValueError, match="HALF_TAILS needs BLOCK_M >= 32"):
+        gate_up_silu(torch.randn(5, 40), w1, h, sorted_ids, expert_ids, num_padded, 2,
+                     dict(_gemm(16, 16), HALF_TAILS=True))
 
 @interpreted
 @pytest.mark.parametrize("tokens, topk, hidden", [(1, 1, 8), (19, 3, 300), (8, 8, 256)])
@@ -325,7 +367,7 @@ def _run_backend(config: Dict[str, Any] | None, tokens: int, num_experts: int, t
 PATH_CASES = [  # the decode path only for a few tokens (DECODE_MAX_TOKENS = 16)
     pytest.param(config, *case, id=f"{name}-{'-'.join(map(str, case))}")
     for name, config in (("aligned16", _aligned(16, group_m=4)), ("aligned64", _aligned(64)),
-                         ("decode", DECODE))
+                         ("aligned64-half-tails", _half_tails(_aligned(64))), ("decode", DECODE))
     for case in BACKEND_CASES if name != "decode" or case[0] <= 16]
 
 

@@ -3,8 +3,10 @@
 ``gate_up_silu``: h[slot] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T) for the pair in each
 sorted slot; the [pairs, 2I] product is never written. ``down``: y[pair] = weight * h[slot] @
 w2[e].T. Both launch a grid for the worst case and let the programs past the used tiles return,
-so no size is read on the host. Tile sizes come per call (moe/configs.py). ``sum_choices``
-adds up each token's k rows of y.
+so no size is read on the host. Tile sizes come per call (moe/configs.py). With HALF_TAILS a
+tile whose second half is all padding (an expert's last tile, at most half full) computes only
+its first half: both kernels hold a path for each height. ``sum_choices`` adds up each token's
+k rows of y.
 """
 
 from __future__ import annotations
@@ -50,20 +52,12 @@ def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
 
 
 @triton.jit
-def _gate_up_silu_kernel(
-    x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_pairs, inter, hidden, num_pid_m,
-    stride_xm, stride_we, stride_wn, stride_hm,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-):
-    """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns:
-    the gate rows n and the up rows inter + n of the expert's w1, two products, one store."""
-    pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(inter, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return  # a tile the worst case needed and this routing did not
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+def _gate_up_rows(x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, first, expert, pid_n,
+                  num_pairs, inter, hidden, stride_xm, stride_we, stride_wn, stride_hm,
+                  TOP_K: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """h for the ROWS slots from ``first`` (all the expert's) and BLOCK_N columns."""
+    slots = first + tl.arange(0, ROWS)
     pairs = tl.load(sorted_ids_ptr + slots)
     real = pairs < num_pairs  # padding slots compute zeros from masked loads
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -72,25 +66,53 @@ def _gate_up_silu_kernel(
     gate_ptrs = w1_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
     col_ok = offs_n[None, :] < inter
     h = silu_gate_up(x_ptrs, gate_ptrs, inter * stride_wn, real, col_ok, hidden,
-                     BLOCK_M, BLOCK_N, BLOCK_K)
+                     ROWS, BLOCK_N, BLOCK_K)
     h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_n[None, :]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=col_ok)
 
 
 @triton.jit
-def _down_kernel(
-    h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_pairs, hidden, inter, num_pid_m,
-    stride_hm, stride_we, stride_wn, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+def _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M: tl.constexpr,
+                  HALF_TAILS: tl.constexpr):
+    """Whether the tile's second half is all padding: an expert's last tile with at most
+    BLOCK_M / 2 pairs (padding follows an expert's pairs, so its first slot tells)."""
+    if HALF_TAILS:
+        return tl.load(sorted_ids_ptr + first + BLOCK_M // 2) >= num_pairs
+    return False
+
+
+@triton.jit
+def _gate_up_silu_kernel(
+    x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_pairs, inter, hidden, num_pid_m,
+    stride_xm, stride_we, stride_wn, stride_hm,
+    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr,
 ):
-    """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order
-    (contiguous), the result goes back to the pair's own row."""
-    pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(hidden, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
+    """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns:
+    the gate rows n and the up rows inter + n of the expert's w1, two products, one store.
+    With HALF_TAILS a tile whose second half is padding computes only its first half."""
+    pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(inter, BLOCK_N), GROUP_M)
+    first = pid_m * BLOCK_M
+    if first >= tl.load(num_padded_ptr):
+        return  # a tile the worst case needed and this routing did not
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    slots = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M, HALF_TAILS):
+        _gate_up_rows(x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
+                      inter, hidden, stride_xm, stride_we, stride_wn, stride_hm,
+                      TOP_K, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+    else:
+        _gate_up_rows(x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
+                      inter, hidden, stride_xm, stride_we, stride_wn, stride_hm,
+                      TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _down_rows(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
+               num_pairs, hidden, inter, stride_hm, stride_we, stride_wn, stride_ym,
+               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y for the pairs of the ROWS slots from ``first`` and BLOCK_N columns."""
+    slots = first + tl.arange(0, ROWS)
     pairs = tl.load(sorted_ids_ptr + slots)
     real = pairs < num_pairs
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -98,7 +120,7 @@ def _down_kernel(
     h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_k[None, :]
     w_ptrs = w2_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
     col_ok = offs_n[None, :] < hidden
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, inter, BLOCK_K):
         k_ok = offs_k < inter - k
         a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
@@ -108,6 +130,31 @@ def _down_kernel(
     acc *= tl.load(weights_ptr + pairs, mask=real, other=0.0)[:, None]
     y_ptrs = y_ptr + pairs[:, None] * stride_ym + offs_n[None, :]
     tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=real[:, None] & col_ok)
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_pairs, hidden, inter, num_pid_m,
+    stride_hm, stride_we, stride_wn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    HALF_TAILS: tl.constexpr,
+):
+    """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order
+    (contiguous), the result goes back to the pair's own row. HALF_TAILS as above."""
+    pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(hidden, BLOCK_N), GROUP_M)
+    first = pid_m * BLOCK_M
+    if first >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M, HALF_TAILS):
+        _down_rows(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
+                   num_pairs, hidden, inter, stride_hm, stride_we, stride_wn, stride_ym,
+                   BLOCK_M // 2, BLOCK_N, BLOCK_K)
+    else:
+        _down_rows(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
+                   num_pairs, hidden, inter, stride_hm, stride_we, stride_wn, stride_ym,
+                   BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -128,11 +175,14 @@ def _sum_choices_kernel(y_ptr, out_ptr, num_tokens, hidden, TOP_K: tl.constexpr,
 
 def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
                     expert_ids: torch.Tensor) -> Dict[str, Any]:
-    """The kernel's tile sizes: BLOCK_M is the alignment's (slots per tile), the rest config's."""
+    """The kernel's tile sizes: BLOCK_M is the alignment's (slots per tile), the rest config's.
+    HALF_TAILS (optional, off by default) needs BLOCK_M of 32 or more: a half is a dot's rows."""
     block_m = sorted_ids.numel() // expert_ids.numel()
+    if config.get("HALF_TAILS", False) and block_m < 32:
+        raise ValueError(f"HALF_TAILS needs BLOCK_M >= 32 (tl.dot's 16 rows a half); got {block_m}")
     return dict(BLOCK_M=block_m, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-                GROUP_M=config["GROUP_M"], num_warps=config["num_warps"],
-                num_stages=config["num_stages"])
+                GROUP_M=config["GROUP_M"], HALF_TAILS=config.get("HALF_TAILS", False),
+                num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
 def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids: torch.Tensor,
