@@ -7,6 +7,12 @@ so no size is read on the host. Tile sizes come per call (moe/configs.py). With 
 tile whose second half is all padding (an expert's last tile, at most half full) computes only
 its first half: both kernels hold a path for each height. ``sum_choices`` adds up each token's
 k rows of y.
+
+The weight blocks, and the down GEMM's rows of h (contiguous in slot order), are read through
+tensor descriptors: on Hopper one thread asks the TMA unit for a whole [rows, BLOCK_K] block,
+so no registers hold addresses and masks for it, and reads past an edge come back as zeros.
+Older GPUs and the interpreter get the same blocks from ordinary loads. Only x's rows, one per
+pair's token and scattered, are gathered with pointers.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import Any, Dict
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 SUM_BLOCK_T, SUM_BLOCK_H = 8, 256  # the k-sum's tile: 8 tokens by 256 columns
 
@@ -32,43 +39,29 @@ def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """silu(x @ gate) * up for one [BLOCK_M, BLOCK_N] tile: x_ptrs [BLOCK_M, BLOCK_K] and
-    gate_ptrs [BLOCK_K, BLOCK_N] point at K = 0, the up rows lie up_offset elements past the
-    gate rows; two dots over the hidden dimension, one result."""
-    offs_k = tl.arange(0, BLOCK_K)
-    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k in range(0, hidden, BLOCK_K):
-        k_ok = offs_k < hidden - k
-        a = tl.load(x_ptrs, mask=rows_ok[:, None] & k_ok[None, :], other=0.0)
-        w_ok = k_ok[:, None] & col_ok
-        gate = tl.dot(a, tl.load(gate_ptrs, mask=w_ok, other=0.0), gate)
-        up = tl.dot(a, tl.load(gate_ptrs + up_offset, mask=w_ok, other=0.0), up)
-        x_ptrs += BLOCK_K
-        gate_ptrs += BLOCK_K
-    return gate / (1.0 + tl.exp(-gate)) * up
-
-
-@triton.jit
-def _gate_up_rows(x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, first, expert, pid_n,
-                  num_pairs, inter, hidden, stride_xm, stride_we, stride_wn, stride_hm,
-                  TOP_K: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr):
-    """h for the ROWS slots from ``first`` (all the expert's) and BLOCK_N columns."""
+def _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs, inter,
+                  hidden, stride_xm, stride_hm, TOP_K: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h for the ROWS slots from ``first`` (all the expert's) and BLOCK_N columns: each step
+    gathers ROWS token rows of x and takes the expert's gate and up blocks [BLOCK_N, BLOCK_K]
+    from w1's descriptor (rows e * 2I + n and e * 2I + I + n), two products, one store."""
     slots = first + tl.arange(0, ROWS)
     pairs = tl.load(sorted_ids_ptr + slots)
     real = pairs < num_pairs  # padding slots compute zeros from masked loads
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + (pairs // TOP_K)[:, None] * stride_xm + offs_k[None, :]
-    gate_ptrs = w1_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
-    col_ok = offs_n[None, :] < inter
-    h = silu_gate_up(x_ptrs, gate_ptrs, inter * stride_wn, real, col_ok, hidden,
-                     ROWS, BLOCK_N, BLOCK_K)
+    gate_row = (expert * 2 * inter + pid_n * BLOCK_N).to(tl.int32)
+    gate = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
+    for k in range(0, hidden, BLOCK_K):
+        a = tl.load(x_ptrs, mask=real[:, None] & (offs_k < hidden - k)[None, :], other=0.0)
+        gate = tl.dot(a, w1_desc.load([gate_row, k]).T, gate)
+        up = tl.dot(a, w1_desc.load([gate_row + inter, k]).T, up)
+        x_ptrs += BLOCK_K
+    h = gate / (1.0 + tl.exp(-gate)) * up
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_n[None, :]
-    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=col_ok)
+    tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=offs_n[None, :] < inter)
 
 
 @triton.jit
@@ -83,78 +76,65 @@ def _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M: tl.constexpr,
 
 @triton.jit
 def _gate_up_silu_kernel(
-    x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_pairs, inter, hidden, num_pid_m,
-    stride_xm, stride_we, stride_wn, stride_hm,
+    x_ptr, w1_desc, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_pairs, inter, hidden, num_pid_m, stride_xm, stride_hm,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr,
 ):
-    """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns:
-    the gate rows n and the up rows inter + n of the expert's w1, two products, one store.
+    """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns.
     With HALF_TAILS a tile whose second half is padding computes only its first half."""
     pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(inter, BLOCK_N), GROUP_M)
     first = pid_m * BLOCK_M
     if first >= tl.load(num_padded_ptr):
         return  # a tile the worst case needed and this routing did not
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m)
     if _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M, HALF_TAILS):
-        _gate_up_rows(x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
-                      inter, hidden, stride_xm, stride_we, stride_wn, stride_hm,
-                      TOP_K, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+        _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
+                      inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M // 2, BLOCK_N, BLOCK_K)
     else:
-        _gate_up_rows(x_ptr, w1_ptr, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
-                      inter, hidden, stride_xm, stride_we, stride_wn, stride_hm,
-                      TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
+                      inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
-def _down_rows(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
-               num_pairs, hidden, inter, stride_hm, stride_we, stride_wn, stride_ym,
-               ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """y for the pairs of the ROWS slots from ``first`` and BLOCK_N columns."""
-    slots = first + tl.arange(0, ROWS)
-    pairs = tl.load(sorted_ids_ptr + slots)
-    real = pairs < num_pairs
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    h_ptrs = h_ptr + slots[:, None] * stride_hm + offs_k[None, :]
-    w_ptrs = w2_ptr + expert * stride_we + offs_n[None, :] * stride_wn + offs_k[:, None]
-    col_ok = offs_n[None, :] < hidden
+def _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
+               num_pairs, hidden, inter, stride_ym, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+               BLOCK_K: tl.constexpr):
+    """y for the pairs of the ROWS slots from ``first`` and BLOCK_N columns: h's rows are
+    contiguous, so both operands come through descriptors."""
+    w_row = (expert * hidden + pid_n * BLOCK_N).to(tl.int32)
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, inter, BLOCK_K):
-        k_ok = offs_k < inter - k
-        a = tl.load(h_ptrs, mask=k_ok[None, :], other=0.0)
-        acc = tl.dot(a, tl.load(w_ptrs, mask=k_ok[:, None] & col_ok, other=0.0), acc)
-        h_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        acc = tl.dot(h_desc.load([first, k]), w2_desc.load([w_row, k]).T, acc)
+    pairs = tl.load(sorted_ids_ptr + first + tl.arange(0, ROWS))
+    real = pairs < num_pairs
     acc *= tl.load(weights_ptr + pairs, mask=real, other=0.0)[:, None]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     y_ptrs = y_ptr + pairs[:, None] * stride_ym + offs_n[None, :]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=real[:, None] & col_ok)
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=real[:, None] & (offs_n < hidden))
 
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_pairs, hidden, inter, num_pid_m,
-    stride_hm, stride_we, stride_wn, stride_ym,
+    h_desc, h_half_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr,
+    num_padded_ptr, num_pairs, hidden, inter, num_pid_m, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     HALF_TAILS: tl.constexpr,
 ):
-    """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order
-    (contiguous), the result goes back to the pair's own row. HALF_TAILS as above."""
+    """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order,
+    the result goes back to the pair's own row. HALF_TAILS as above, with h_half_desc's blocks
+    of BLOCK_M / 2 rows."""
     pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     first = pid_m * BLOCK_M
     if first >= tl.load(num_padded_ptr):
         return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    expert = tl.load(expert_ids_ptr + pid_m)
     if _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M, HALF_TAILS):
-        _down_rows(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
-                   num_pairs, hidden, inter, stride_hm, stride_we, stride_wn, stride_ym,
-                   BLOCK_M // 2, BLOCK_N, BLOCK_K)
+        _down_rows(h_half_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert,
+                   pid_n, num_pairs, hidden, inter, stride_ym, BLOCK_M // 2, BLOCK_N, BLOCK_K)
     else:
-        _down_rows(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
-                   num_pairs, hidden, inter, stride_hm, stride_we, stride_wn, stride_ym,
-                   BLOCK_M, BLOCK_N, BLOCK_K)
+        _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
+                   num_pairs, hidden, inter, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit
@@ -185,31 +165,48 @@ def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
+def _blocks_of(t: torch.Tensor, rows: int, block_rows: int, block_k: int) -> TensorDescriptor:
+    """A descriptor of t viewed as [rows, t's last dimension] (contiguous), read in blocks of
+    [block_rows, block_k]; reads past an edge give zeros."""
+    cols = t.shape[-1]
+    if not t.is_contiguous() or (cols * t.element_size()) % 16:
+        raise ValueError(f"a descriptor needs contiguous rows of a multiple of 16 bytes; got "
+                         f"{cols} {t.dtype} values")
+    return TensorDescriptor(t, [rows, cols], [cols, 1], [block_rows, block_k])
+
+
 def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids: torch.Tensor,
                  expert_ids: torch.Tensor, num_padded: torch.Tensor, topk: int,
                  config: Dict[str, int]) -> None:
     """h [slots, I] = silu(x @ gate.T) * (x @ up.T), each slot's token and expert; x [T, H],
     w1 [E, 2I, H] (gate rows, then up rows); all contiguous. config: BLOCK_N, BLOCK_K, GROUP_M,
-    num_warps, num_stages."""
-    inter, num_pid_m = w1.shape[1] // 2, expert_ids.numel()
-    grid = (num_pid_m * triton.cdiv(inter, config["BLOCK_N"]),)
+    num_warps, num_stages and optionally HALF_TAILS."""
+    num_experts, two_inter, hidden = w1.shape
+    num_pid_m = expert_ids.numel()
+    w1_desc = _blocks_of(w1, num_experts * two_inter, config["BLOCK_N"], config["BLOCK_K"])
+    grid = (num_pid_m * triton.cdiv(two_inter // 2, config["BLOCK_N"]),)
     _gate_up_silu_kernel[grid](
-        x, w1, h, sorted_ids, expert_ids, num_padded, x.shape[0] * topk, inter, x.shape[1],
-        num_pid_m, x.stride(0), w1.stride(0), w1.stride(1), h.stride(0),
+        x, w1_desc, h, sorted_ids, expert_ids, num_padded, x.shape[0] * topk, two_inter // 2,
+        hidden, num_pid_m, x.stride(0), h.stride(0),
         TOP_K=topk, **_launch_options(config, sorted_ids, expert_ids))
 
 
 def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tensor,
          sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_padded: torch.Tensor,
          config: Dict[str, int]) -> None:
-    """y [pairs, H] = weight * h[slot] @ w2[expert].T for every pair; h [slots, I], w2 [E, H, I],
-    weights [pairs] fp32."""
-    hidden, num_pid_m = w2.shape[1], expert_ids.numel()
+    """y [pairs, H] = weight * h[slot] @ w2[expert].T for every pair; h [slots, I], w2 [E, H, I]
+    contiguous, weights [pairs] fp32."""
+    num_experts, hidden, inter = w2.shape
+    num_pid_m = expert_ids.numel()
+    options = _launch_options(config, sorted_ids, expert_ids)
+    block_m, block_k = options["BLOCK_M"], options["BLOCK_K"]
     grid = (num_pid_m * triton.cdiv(hidden, config["BLOCK_N"]),)
     _down_kernel[grid](
-        h, w2, y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, w2.shape[2],
-        num_pid_m, h.stride(0), w2.stride(0), w2.stride(1), y.stride(0),
-        **_launch_options(config, sorted_ids, expert_ids))
+        _blocks_of(h, h.shape[0], block_m, block_k),
+        _blocks_of(h, h.shape[0], max(block_m // 2, 1), block_k),
+        _blocks_of(w2, num_experts * hidden, config["BLOCK_N"], block_k),
+        y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, inter, num_pid_m,
+        y.stride(0), **options)
 
 
 def sum_choices(y: torch.Tensor, topk: int) -> torch.Tensor:

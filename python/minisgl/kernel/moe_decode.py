@@ -25,10 +25,30 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .fused_moe import silu_gate_up
 from .moe_routing import route
 
 MIN_BLOCK_T = 16  # tl.dot's smallest M: a few tokens are padded to 16 rows
+
+
+@triton.jit
+def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """silu(x @ gate) * up for one [BLOCK_M, BLOCK_N] tile: x_ptrs [BLOCK_M, BLOCK_K] and
+    gate_ptrs [BLOCK_K, BLOCK_N] point at K = 0, the up rows lie up_offset elements past the
+    gate rows; two dots over the hidden dimension, one result. (The aligned path's kernel
+    takes its weight blocks through a descriptor instead: kernel/fused_moe.py.)"""
+    offs_k = tl.arange(0, BLOCK_K)
+    gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, hidden, BLOCK_K):
+        k_ok = offs_k < hidden - k
+        a = tl.load(x_ptrs, mask=rows_ok[:, None] & k_ok[None, :], other=0.0)
+        w_ok = k_ok[:, None] & col_ok
+        gate = tl.dot(a, tl.load(gate_ptrs, mask=w_ok, other=0.0), gate)
+        up = tl.dot(a, tl.load(gate_ptrs + up_offset, mask=w_ok, other=0.0), up)
+        x_ptrs += BLOCK_K
+        gate_ptrs += BLOCK_K
+    return gate / (1.0 + tl.exp(-gate)) * up
 
 
 @triton.jit
