@@ -54,9 +54,19 @@ def padding(logits: torch.Tensor, topk: int, inter: int, dtype: torch.dtype) -> 
     if config["path"] != "aligned":
         return f"{config['path']} path"
     _, ids, block_counts = route(logits, topk, True)
-    slots = int(align(ids, block_counts, experts, config["BLOCK_M"])[2].item())
-    return (f"BLOCK_M {config['BLOCK_M']}: {slots} slots for {ids.numel()} pairs, "
-            f"{100 * (1 - ids.numel() / slots):.1f}% padding")
+    block_m = config["BLOCK_M"]
+    sorted_ids, _, num_padded = align(ids, block_counts, experts, block_m)
+    slots, pairs = int(num_padded.item()), ids.numel()
+    line = (f"BLOCK_M {block_m}: {slots} slots for {pairs} pairs, "
+            f"{100 * (1 - pairs / slots):.1f}% padding")
+    if config["gate_up"].get("HALF_TAILS") or config["down"].get("HALF_TAILS"):
+        tiles = sorted_ids[:slots].view(-1, block_m)
+        halves = int((tiles[:, block_m // 2] >= pairs).sum().item())  # second half all padding
+        rows = slots - halves * block_m // 2
+        line += (f"; half tails compute {rows} rows, {100 * (1 - pairs / rows):.1f}% padding "
+                 f"(gate_up {bool(config['gate_up'].get('HALF_TAILS'))}, "
+                 f"down {bool(config['down'].get('HALF_TAILS'))})")
+    return line
 
 
 def main() -> int:
