@@ -151,15 +151,34 @@ def test_moe_align_edge_cases_match_chapter_20(case: str) -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("tokens, num_experts, topk, block_m", [  # 600: 38 blocks of 16 tokens,
-    (1, 8, 2, 16), (17, 6, 2, 16), (40, 128, 8, 16), (50, 5, 3, 64), (33, 8, 1, 4),  # more than
-    (600, 6, 2, 16)])  # the plan reads per step (PLAN_CHUNK_B), and a last step part-filled
+@pytest.mark.parametrize("tokens, num_experts, topk, block_m", [
+    (1, 8, 2, 16), (17, 6, 2, 16), (40, 128, 8, 16), (50, 5, 3, 64), (33, 8, 1, 4),
+    (600, 6, 2, 16)])
 def test_route_then_align_matches_chapter_20(tokens, num_experts, topk, block_m) -> None:
     from minisgl.kernel.moe_routing import align, route
 
     torch.manual_seed(tokens)
     _, ids, block_counts = route(_gating(tokens, num_experts), topk, True)
     _check_alignment(ids, num_experts, block_m, align(ids, block_counts, num_experts, block_m))
+
+
+@interpreted
+@pytest.mark.parametrize("chunk_b, tile_chunk", [(4, 8), (8, 16), (64, 256)])
+def test_the_plan_split_over_programs_matches_chapter_20(chunk_b, tile_chunk,
+                                                         monkeypatch) -> None:
+    """600 tokens are 38 blocks of 16: in chunks of 4 that is 10 chunks, read by the plan 4 a
+    step (the last step part-filled), and 80 tiles, 8 a program; every program's share must
+    land where one program would put it."""
+    from minisgl.kernel import moe_routing
+    from minisgl.kernel.moe_routing import align, route
+
+    monkeypatch.setattr(moe_routing, "PLAN_CHUNK_B", chunk_b)
+    monkeypatch.setattr(moe_routing, "PLAN_TILE_CHUNK", tile_chunk)
+    torch.manual_seed(1)
+    for tokens, num_experts, topk, block_m in ((600, 6, 2, 16), (600, 40, 4, 4)):
+        _, ids, block_counts = route(_gating(tokens, num_experts), topk, True)
+        _check_alignment(ids, num_experts, block_m,
+                         align(ids, block_counts, num_experts, block_m))
 
 
 def _routings() -> Any:

@@ -1,11 +1,11 @@
 """Routing and alignment for the fused MoE, on the GPU and without a host sync.
 
-Three launches: ``_route_and_count_kernel`` (softmax, top-k and renormalization per token, and
-how many of a block of tokens' pairs go to each expert), ``_plan_tiles_kernel`` (one program:
-each expert's run of tiles, where each block's pairs start in it, the padding) and
+Four launches: ``_route_and_count_kernel`` (softmax, top-k and renormalization per token, and
+how many of a block of tokens' pairs go to each expert), ``_sum_chunks_kernel`` (those counts
+added up 64 blocks at a time), ``_plan_tiles_kernel`` (each expert's run of tiles, where each
+block's pairs start in it, the padding; its programs share the blocks and the tiles) and
 ``_scatter_pairs_kernel`` (each pair to its place). Every output is sized for the worst case,
-so the layer can be captured in a graph.
-"""
+so the layer can be captured in a graph."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 ROUTE_BLOCK_T = 16  # tokens per program of the routing and the scatter
-PLAN_CHUNK_B = 64  # blocks' counts the plan reads per step
+PLAN_CHUNK_B = 64  # blocks per chunk of the plan, and chunks it reads per step
+PLAN_TILE_CHUNK = 256  # tiles whose expert one program of the plan writes
 
 
 def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -88,44 +89,60 @@ def _route_and_count_kernel(
 
 
 @triton.jit
+def _sum_chunks_kernel(block_counts_ptr, chunk_counts_ptr, num_blocks,
+                       BLOCK_E: tl.constexpr, CHUNK_B: tl.constexpr):
+    """chunk_counts[c, :]: the pairs per expert of the blocks [c * CHUNK_B, +CHUNK_B), one
+    load and one sum per program."""
+    chunk = tl.program_id(0)
+    experts = tl.arange(0, BLOCK_E)
+    blocks = chunk * CHUNK_B + tl.arange(0, CHUNK_B)
+    rows = tl.load(block_counts_ptr + blocks[:, None] * BLOCK_E + experts[None, :],
+                   mask=(blocks < num_blocks)[:, None], other=0)
+    tl.store(chunk_counts_ptr + chunk * BLOCK_E + experts, tl.sum(rows, axis=0))
+
+
+@triton.jit
 def _plan_tiles_kernel(
-    block_counts_ptr, block_offsets_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_blocks, num_pairs, tiles_capacity,
+    block_counts_ptr, chunk_counts_ptr, block_offsets_ptr, sorted_ids_ptr, expert_ids_ptr,
+    num_padded_ptr, num_blocks, num_chunks, num_pairs, tiles_capacity,
     BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_B: tl.constexpr,
     TILE_CHUNK: tl.constexpr,
 ):
-    """One program. Each expert's pairs take a run of whole tiles, in expert order; each block
-    of tokens' pairs of expert e start at that run's start plus the earlier blocks' pairs of e.
-    The blocks' counts are read CHUNK_B rows at a time: a row per step would make 16,384
-    tokens a chain of a thousand dependent loads."""
+    """Each expert's pairs take a run of whole tiles, in expert order. Every program works
+    the runs out from the chunks' counts (a load of CHUNK_B chunks a step: one step up to
+    65,536 tokens), then does its own share: program p the offsets of chunk p's blocks (each
+    block's pairs of expert e start at e's run, plus the pairs of e in earlier blocks) and the
+    experts of tiles [p * TILE_CHUNK, +TILE_CHUNK); program 0 also the padding and the size."""
+    p = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     chunk = tl.arange(0, CHUNK_B)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
-    for b in range(0, num_blocks, CHUNK_B):
-        offsets = (b + chunk)[:, None] * BLOCK_E + experts[None, :]
-        in_range = (b + chunk < num_blocks)[:, None]
-        counts += tl.sum(tl.load(block_counts_ptr + offsets, mask=in_range, other=0), axis=0)
+    before = tl.zeros([BLOCK_E], dtype=tl.int32)  # pairs of each expert in chunks before p
+    for c in range(0, num_chunks, CHUNK_B):
+        chunks = c + chunk
+        rows = tl.load(chunk_counts_ptr + chunks[:, None] * BLOCK_E + experts[None, :],
+                       mask=(chunks < num_chunks)[:, None], other=0)
+        counts += tl.sum(rows, axis=0)
+        before += tl.sum(tl.where((chunks < p)[:, None], rows, 0), axis=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
     tile_end = tl.cumsum(tiles, axis=0)
     tile_start = tile_end - tiles
     total_tiles = tl.sum(tiles, axis=0)
-    tl.store(num_padded_ptr, total_tiles * BLOCK_M)
-    running = tile_start * BLOCK_M
-    for b in range(0, num_blocks, CHUNK_B):  # where each block's pairs of each expert begin
-        offsets = (b + chunk)[:, None] * BLOCK_E + experts[None, :]
-        in_range = (b + chunk < num_blocks)[:, None]
+    if p < num_chunks:  # where each block of chunk p's pairs of each expert begin
+        blocks = p * CHUNK_B + chunk
+        offsets = blocks[:, None] * BLOCK_E + experts[None, :]
+        in_range = (blocks < num_blocks)[:, None]
         rows = tl.load(block_counts_ptr + offsets, mask=in_range, other=0)
-        tl.store(block_offsets_ptr + offsets, running[None, :] + tl.cumsum(rows, axis=0) - rows,
+        start = tile_start * BLOCK_M + before
+        tl.store(block_offsets_ptr + offsets, start[None, :] + tl.cumsum(rows, axis=0) - rows,
                  mask=in_range)
-        running += tl.sum(rows, axis=0)
-    # the slots after each expert's pairs, up to its last tile's end, hold the sentinel num_pairs
-    lanes = tl.arange(0, BLOCK_M)
-    pad_pos = running[:, None] + lanes[None, :]
-    tl.store(sorted_ids_ptr + pad_pos, num_pairs, mask=pad_pos < (tile_end * BLOCK_M)[:, None])
-    for t0 in range(0, tiles_capacity, TILE_CHUNK):  # each tile's expert; -1 past the last
-        t = t0 + tl.arange(0, TILE_CHUNK)
-        owner = tl.sum((tile_end[None, :] <= t[:, None]).to(tl.int32), axis=1)
-        tl.store(expert_ids_ptr + t, tl.where(t < total_tiles, owner, -1), mask=t < tiles_capacity)
+    t = p * TILE_CHUNK + tl.arange(0, TILE_CHUNK)  # these tiles' experts; -1 past the last
+    owner = tl.sum((tile_end[None, :] <= t[:, None]).to(tl.int32), axis=1)
+    tl.store(expert_ids_ptr + t, tl.where(t < total_tiles, owner, -1), mask=t < tiles_capacity)
+    if p == 0:  # the slots after each expert's pairs, to its last tile's end, hold num_pairs
+        tl.store(num_padded_ptr, total_tiles * BLOCK_M)
+        pad_pos = (tile_start * BLOCK_M + counts)[:, None] + tl.arange(0, BLOCK_M)[None, :]
+        tl.store(sorted_ids_ptr + pad_pos, num_pairs, mask=pad_pos < (tile_end * BLOCK_M)[:, None])
 
 
 @triton.jit
@@ -173,7 +190,7 @@ def route(gating_output: torch.Tensor, topk: int, renormalize: bool, count: bool
 
 def align(topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int,
           block_m: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The pairs sorted by expert, each expert's run padded to whole tiles of block_m, in two
+    """The pairs sorted by expert, each expert's run padded to whole tiles of block_m, in three
     launches: sorted_ids [tiles * block_m] (pair indices; num_pairs in the padding), expert_ids
     [tiles] (-1 past the last used tile) and num_padded [1], the used slots."""
     num_pairs, topk = topk_ids.numel(), topk_ids.shape[-1]
@@ -184,9 +201,15 @@ def align(topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int,
     expert_ids = torch.empty(capacity, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
     block_offsets = torch.empty_like(block_counts)
-    _plan_tiles_kernel[(1,)](
-        block_counts, block_offsets, sorted_ids, expert_ids, num_padded, num_blocks, num_pairs,
-        capacity, BLOCK_M=block_m, BLOCK_E=block_e, CHUNK_B=PLAN_CHUNK_B, TILE_CHUNK=256)
+    num_chunks = triton.cdiv(num_blocks, PLAN_CHUNK_B)
+    chunk_counts = torch.empty(num_chunks, block_e, dtype=torch.int32, device=device)
+    _sum_chunks_kernel[(num_chunks,)](block_counts, chunk_counts, num_blocks, BLOCK_E=block_e,
+                                      CHUNK_B=PLAN_CHUNK_B)
+    programs = max(num_chunks, triton.cdiv(capacity, PLAN_TILE_CHUNK))
+    _plan_tiles_kernel[(programs,)](
+        block_counts, chunk_counts, block_offsets, sorted_ids, expert_ids, num_padded,
+        num_blocks, num_chunks, num_pairs, capacity,
+        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK_B=PLAN_CHUNK_B, TILE_CHUNK=PLAN_TILE_CHUNK)
     _scatter_pairs_kernel[(num_blocks,)](
         topk_ids, block_offsets, sorted_ids, num_pairs,
         TOP_K=topk, BLOCK_T=ROUTE_BLOCK_T, BLOCK_E=block_e,
