@@ -46,6 +46,17 @@ def kernel_us(call: Callable[[], object], iters: int) -> Dict[str, float]:
     return dict(per_call)
 
 
+def computed_rows(tiles: torch.Tensor, num_pairs: int, split: int) -> int:
+    """The rows the GEMMs compute over tiles [tiles, BLOCK_M] of sorted slots when a last tile
+    computes only the parts of BLOCK_M / split rows up to its last pair, in halves or quarters
+    as kernel/fused_moe.py does."""
+    block_m = tiles.shape[1]
+    rows = torch.full((tiles.shape[0],), block_m, device=tiles.device)
+    for part in (2, 4) if split == 4 else (2,):  # a quarter overrides a half
+        rows = torch.where(tiles[:, block_m // part] >= num_pairs, block_m // part, rows)
+    return int(rows.sum().item())
+
+
 def padding(logits: torch.Tensor, topk: int, inter: int, dtype: torch.dtype) -> str:
     """The aligned path's slots against its pairs: the share of the GEMMs' rows that is
     padding (each expert's last tile, part empty)."""
@@ -59,13 +70,12 @@ def padding(logits: torch.Tensor, topk: int, inter: int, dtype: torch.dtype) -> 
     slots, pairs = int(num_padded.item()), ids.numel()
     line = (f"BLOCK_M {block_m}: {slots} slots for {pairs} pairs, "
             f"{100 * (1 - pairs / slots):.1f}% padding")
-    if config["gate_up"].get("HALF_TAILS") or config["down"].get("HALF_TAILS"):
-        tiles = sorted_ids[:slots].view(-1, block_m)
-        halves = int((tiles[:, block_m // 2] >= pairs).sum().item())  # second half all padding
-        rows = slots - halves * block_m // 2
-        line += (f"; half tails compute {rows} rows, {100 * (1 - pairs / rows):.1f}% padding "
-                 f"(gate_up {bool(config['gate_up'].get('HALF_TAILS'))}, "
-                 f"down {bool(config['down'].get('HALF_TAILS'))})")
+    splits = {gemm: config[gemm].get("TAIL_SPLIT", 1) for gemm in ("gate_up", "down")}
+    for gemm, split in splits.items():
+        if split > 1:
+            rows = computed_rows(sorted_ids[:slots].view(-1, block_m), pairs, split)
+            line += (f"; {gemm} with TAIL_SPLIT {split} computes {rows} rows, "
+                     f"{100 * (1 - pairs / rows):.1f}% padding")
     return line
 
 

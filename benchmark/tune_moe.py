@@ -1,7 +1,7 @@
 """Search the fast MoE's tile sizes on this GPU and write them where moe/configs.py finds them.
 
     PYTHONPATH=python python benchmark/tune_moe.py [--experts 128 --hidden 2048 --inter 768
-        --topk 8] [--tokens 1,2,4,...] [--out DIR]
+        --topk 8] [--tokens 1,2,4,...] [--block-m 64,128] [--out DIR]
     PYTHONPATH=python python benchmark/tune_moe.py --quick   # on a CPU: a crash check only
 
 For each token count T: route random logits once, then for each BLOCK_M that suits T (pairs
@@ -61,6 +61,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", default=None,
                    help="token counts, comma-separated (default: 1, 2, 4 ... 16384; "
                         "with --quick 1, 5, 33)")
+    p.add_argument("--block-m", type=lambda s: [int(m) for m in s.split(",")], default=None,
+                   help="try only these tile heights (comma-separated) on the aligned path, of "
+                        "those that suit each token count")
     p.add_argument("--out", type=Path, default=None,
                    help=f"where the JSON goes (default {CONFIG_DIR.relative_to(ROOT)}; with "
                         "--quick a new temporary directory)")
@@ -69,12 +72,15 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def block_ms(num_tokens: int, topk: int, num_experts: int) -> List[int]:
+def block_ms(num_tokens: int, topk: int, num_experts: int,
+             only: List[int] | None = None) -> List[int]:
     """The tile heights worth trying for the mean pairs per expert (the page's exercise 1):
-    16 (tl.dot's smallest) while experts get few pairs, 128 once they get many, 64 between."""
+    16 (tl.dot's smallest) while experts get few pairs, 128 once they get many, 64 between;
+    of those, the ones in ``only`` if given (a shorter search)."""
     per_expert = num_tokens * topk / num_experts
-    return [m for m, lo, hi in ((16, 0, 32), (64, 4, 1e9), (128, 32, 1e9)) if lo <= per_expert
+    suit = [m for m, lo, hi in ((16, 0, 32), (64, 4, 1e9), (128, 32, 1e9)) if lo <= per_expert
             <= hi]
+    return [m for m in suit if only is None or m in only]
 
 
 def decode_candidates(kernel: str, topk: int, quick: bool) -> Iterator[Gemm]:
@@ -109,13 +115,13 @@ def candidates(block_m: int, quick: bool) -> Iterator[Gemm]:
         yield dict(BLOCK_N=n, BLOCK_K=k, GROUP_M=g, num_warps=w, num_stages=s)
 
 
-def with_half_tails(space: Iterator[Gemm], block_m: int) -> Iterator[Gemm]:
-    """Each candidate, and for tiles of 64 rows or more the same with HALF_TAILS: an expert's
-    last tile computes one half when the other is all padding (kernel/fused_moe.py)."""
+def with_tail_splits(space: Iterator[Gemm], block_m: int) -> Iterator[Gemm]:
+    """Each candidate as it is and with each TAIL_SPLIT whose parts keep 16 rows or more: an
+    expert's last tile computes a half or a quarter when the rest is padding
+    (kernel/fused_moe.py)."""
     for gemm in space:
         yield gemm
-        if block_m >= 64:
-            yield dict(gemm, HALF_TAILS=True)
+        yield from (dict(gemm, TAIL_SPLIT=split) for split in (2, 4) if block_m // split >= 16)
 
 
 def time_us(fn: Callable[[], None], quick: bool) -> float:
@@ -155,15 +161,19 @@ def tune_aligned(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor
     weights, topk_ids, block_counts = route(gating, args.topk, True)
     y = x.new_empty(x.shape[0] * args.topk, args.hidden)
     results = []
-    for block_m in block_ms(x.shape[0], args.topk, args.experts):
+    heights = block_ms(x.shape[0], args.topk, args.experts, args.block_m)
+    if not heights:
+        raise SystemExit(f"--block-m {args.block_m}: none suits {x.shape[0]} tokens "
+                         f"({block_ms(x.shape[0], args.topk, args.experts)} would)")
+    for block_m in heights:
         sorted_ids, expert_ids, num_padded = align(topk_ids, block_counts, args.experts, block_m)
         h = x.new_empty(sorted_ids.numel(), args.inter)
         gate_up, gate_up_us = best_of(lambda g: lambda: gate_up_silu(
             x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g),
-            with_half_tails(candidates(block_m, args.quick), block_m), args.quick)
+            with_tail_splits(candidates(block_m, args.quick), block_m), args.quick)
         down_cfg, down_us = best_of(lambda g: lambda: down(
             h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g),
-            with_half_tails(candidates(block_m, args.quick), block_m), args.quick)
+            with_tail_splits(candidates(block_m, args.quick), block_m), args.quick)
         results.append(dict(path="aligned", BLOCK_M=block_m, gate_up=gate_up, down=down_cfg,
                             us=dict(gate_up=round(gate_up_us, 2), down=round(down_us, 2))))
     return min(results, key=lambda r: r["us"]["gate_up"] + r["us"]["down"])

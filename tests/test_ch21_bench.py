@@ -245,3 +245,19 @@ def test_profile_moe_padding_counts_chapter_20s_slots() -> None:
     assert padding(logits, 8, 768, torch.bfloat16) == \
         f"BLOCK_M {block_m}: {slots} slots for {ids.numel()} pairs, {share}"
     assert padding(logits[:16], 8, 768, torch.bfloat16) == "decode path"
+
+
+def test_profile_moe_counts_the_rows_split_tails_compute() -> None:
+    """Tiles of 64 slots holding 5, 20, 40 and 64 pairs: halves compute 32, 32, 64 and 64
+    rows; quarters 16, 32, 64 and 64."""
+    sys.path.insert(0, str(BENCHMARK))
+    try:
+        from profile_moe import computed_rows
+    finally:
+        sys.path.remove(str(BENCHMARK))
+    num_pairs = 1000
+    tiles = torch.full((4, 64), num_pairs)
+    for tile, pairs in enumerate((5, 20, 40, 64)):
+        tiles[tile, :pairs] = torch.arange(pairs)
+    assert computed_rows(tiles, num_pairs, 2) == 192
+    assert computed_rows(tiles, num_pairs, 4) == 176

@@ -42,9 +42,9 @@ def _aligned(block_m: int, group_m: int = 1) -> Dict[str, Any]:
 DECODE = dict(path="decode", gate_up=_gemm(16, 16), down=_gemm(16, 16))
 
 
-def _half_tails(config: Dict[str, Any]) -> Dict[str, Any]:
-    return dict(config, gate_up=dict(config["gate_up"], HALF_TAILS=True),
-                down=dict(config["down"], HALF_TAILS=True))
+def _tail_split(config: Dict[str, Any], split: int) -> Dict[str, Any]:
+    return dict(config, gate_up=dict(config["gate_up"], TAIL_SPLIT=split),
+                down=dict(config["down"], TAIL_SPLIT=split))
 
 
 def _gating(tokens: int, num_experts: int, hot: int | None = None) -> torch.Tensor:
@@ -259,23 +259,24 @@ def _sorted_pairs(tokens: int, num_experts: int, topk: int, block_m: int,
 
 GEMM_CASES = [  # tokens, experts, k, block_m, group_m, hot expert
     (1, 8, 2, 16, 1, None), (19, 6, 2, 16, 4, None), (37, 5, 3, 16, 2, None),
-    (21, 6, 2, 4, 3, 2), (70, 8, 2, 64, 1, None), (150, 4, 2, 32, 2, 1)]  # tails of every size
-HALF_TAILS = [False, True]  # True: a tile whose second half is padding computes its first only
+    (21, 6, 2, 4, 3, 2), (70, 8, 2, 64, 1, None), (150, 4, 2, 32, 2, 1),  # tails of every
+    (300, 6, 2, 64, 3, None)]  # size: of 64 rows, last tiles of 14 to 24 pairs, and 32 to 39
+TAIL_SPLITS = [1, 2, 4]  # 2, 4: a last tile computes the half or quarter that holds its pairs
 
 
-def _gemm_config(group_m: int, block_m: int, half_tails: bool) -> Dict[str, Any]:
-    if half_tails and block_m < 32:
-        pytest.skip("half tiles need BLOCK_M of 32 or more (tl.dot's 16 rows)")
-    return dict(_gemm(16, 16, group_m), HALF_TAILS=half_tails)
+def _gemm_config(group_m: int, block_m: int, split: int) -> Dict[str, Any]:
+    if block_m // split < 16 and split > 1:
+        pytest.skip("a tile's parts need 16 rows or more (tl.dot's fewest)")
+    return dict(_gemm(16, 16, group_m), TAIL_SPLIT=split)
 
 
 @interpreted
-@pytest.mark.parametrize("half_tails", HALF_TAILS)
+@pytest.mark.parametrize("split", TAIL_SPLITS)
 @pytest.mark.parametrize("tokens, num_experts, topk, block_m, group_m, hot", GEMM_CASES)
 def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
-                                    half_tails) -> None:
+                                    split) -> None:
     """Every used slot: silu(x @ gate.T) * (x @ up.T) of its pair's token and its tile's expert;
-    zeros in the padding that is computed (with half tails, a tail's padding half is not).
+    zeros in the padding that is computed (a split tail's padding part is not).
     GROUP_M > 1 swizzles the tiles: each must still be computed once."""
     from minisgl.kernel.fused_moe import gate_up_silu
 
@@ -285,32 +286,34 @@ def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m,
     _, sorted_ids, expert_ids, num_padded, pairs, experts = _sorted_pairs(
         tokens, num_experts, topk, block_m, hot)
     h = torch.full((sorted_ids.numel(), 20), float("nan"))
-    config = _gemm_config(group_m, block_m, half_tails)
+    config = _gemm_config(group_m, block_m, split)
     gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, topk, config)
     real = pairs < tokens * topk
     rows = x[pairs.clamp(max=tokens * topk - 1) // topk]
     gate = torch.einsum("sh,sih->si", rows, w1[experts, :20])
     up = torch.einsum("sh,sih->si", rows, w1[experts, 20:])
     want = torch.where(real[:, None], F.silu(gate) * up, 0.0)
-    written = ~_padding_halves(pairs, block_m, tokens * topk) if half_tails \
-        else torch.ones_like(real)
+    written = _computed_slots(pairs, block_m, tokens * topk, split)
     torch.testing.assert_close(h[:pairs.numel()][written], want[written], **TOL)
     assert written[real].all()
     assert h[:pairs.numel()][~written].isnan().all()  # the halves skipped were never computed
 
 
-def _padding_halves(pairs: torch.Tensor, block_m: int, num_pairs: int) -> torch.Tensor:
-    """Per used slot: whether it lies in a tile's second half that is all padding."""
-    tiles = (pairs >= num_pairs).view(-1, 2, block_m // 2).all(dim=2)
-    return torch.stack([torch.zeros_like(tiles[:, 1]), tiles[:, 1]], dim=1) \
-        .repeat_interleave(block_m // 2, dim=1).view(-1)
+def _computed_slots(pairs: torch.Tensor, block_m: int, num_pairs: int,
+                    split: int) -> torch.Tensor:
+    """Per used slot: whether its tile computes it. A tile whose pairs number at most
+    block_m / 4 (split 4) or / 2 (split 2 or 4) computes that many rows, others all."""
+    in_tile = (pairs < num_pairs).view(-1, block_m).sum(dim=1)
+    rows = torch.full_like(in_tile, block_m)
+    for part in [p for p in (2, 4) if p <= split]:
+        rows = torch.where(in_tile <= block_m // part, block_m // part, rows)
+    return (torch.arange(block_m)[None, :] < rows[:, None]).view(-1)
 
 
 @interpreted
-@pytest.mark.parametrize("half_tails", HALF_TAILS)
+@pytest.mark.parametrize("split", TAIL_SPLITS)
 @pytest.mark.parametrize("tokens, num_experts, topk, block_m, group_m, hot", GEMM_CASES)
-def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
-                            half_tails) -> None:
+def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot, split) -> None:
     """Every pair's row: its routing weight times h[its slot] @ w2[its expert].T."""
     from minisgl.kernel.fused_moe import down
 
@@ -321,7 +324,7 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
     h = torch.randn(sorted_ids.numel(), 20)
     y = torch.full((tokens * topk, 40), float("nan"))
     down(h, w2, y, weights, sorted_ids, expert_ids, num_padded,
-         _gemm_config(group_m, block_m, half_tails))
+         _gemm_config(group_m, block_m, split))
     real = pairs < tokens * topk
     want = torch.empty_like(y)
     slots = real.nonzero().squeeze(1)
@@ -334,15 +337,17 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
 
 
 @interpreted
-def test_half_tails_refuse_tiles_too_short_to_halve() -> None:
+@pytest.mark.parametrize("block_m, split", [(16, 2), (32, 4), (64, 3)])
+def test_tail_splits_refuse_parts_too_short(block_m, split) -> None:
     from minisgl.kernel.fused_moe import gate_up_silu
 
-    _, sorted_ids, expert_ids, num_padded, _, _ = _sorted_pairs(5, 4, 2, 16)
+    _, sorted_ids, expert_ids, num_padded, _, _ = _sorted_pairs(5, 4, 2, block_m)
     w1, _ = _weights(4, 40, 20)
     h = torch.empty(sorted_ids.numel(), 20)
-    with pytest.raises(ValueError, match="HALF_TAILS needs BLOCK_M >= 32"):
+    with pytest.raises(ValueError, match=f"got {split} with BLOCK_M {block_m}"):
         gate_up_silu(torch.randn(5, 40), w1, h, sorted_ids, expert_ids, num_padded, 2,
-                     dict(_gemm(16, 16), HALF_TAILS=True))
+                     dict(_gemm(16, 16), TAIL_SPLIT=split))
+
 
 @interpreted
 @pytest.mark.parametrize("tokens, topk, hidden", [(1, 1, 8), (19, 3, 300), (8, 8, 256)])
@@ -386,7 +391,8 @@ def _run_backend(config: Dict[str, Any] | None, tokens: int, num_experts: int, t
 PATH_CASES = [  # the decode path only for a few tokens (DECODE_MAX_TOKENS = 16)
     pytest.param(config, *case, id=f"{name}-{'-'.join(map(str, case))}")
     for name, config in (("aligned16", _aligned(16, group_m=4)), ("aligned64", _aligned(64)),
-                         ("aligned64-half-tails", _half_tails(_aligned(64))), ("decode", DECODE))
+                         ("aligned64-halves", _tail_split(_aligned(64), 2)),
+                         ("aligned64-quarters", _tail_split(_aligned(64), 4)), ("decode", DECODE))
     for case in BACKEND_CASES if name != "decode" or case[0] <= 16]
 
 

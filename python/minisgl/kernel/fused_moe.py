@@ -3,10 +3,10 @@
 ``gate_up_silu``: h[slot] = silu(x[t] @ gate[e].T) * (x[t] @ up[e].T) for the pair in each
 sorted slot; the [pairs, 2I] product is never written. ``down``: y[pair] = weight * h[slot] @
 w2[e].T. Both launch a grid for the worst case and let the programs past the used tiles return,
-so no size is read on the host. Tile sizes come per call (moe/configs.py). With HALF_TAILS a
-tile whose second half is all padding (an expert's last tile, at most half full) computes only
-its first half: both kernels hold a path for each height. ``sum_choices`` adds up each token's
-k rows of y.
+so no size is read on the host. Tile sizes come per call (moe/configs.py). With TAIL_SPLIT 2
+a tile whose second half is all padding (an expert's last tile, at most half full) computes only
+its first half, and with 4 a tile with pairs in its first quarter only computes that quarter:
+both kernels hold a path for each height. ``sum_choices`` adds up each token's k rows of y.
 
 The weight blocks, and the down GEMM's rows of h (contiguous in slot order), are read through
 tensor descriptors: on Hopper one thread asks the TMA unit for a whole [rows, BLOCK_K] block,
@@ -65,12 +65,11 @@ def _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, n
 
 
 @triton.jit
-def _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M: tl.constexpr,
-                  HALF_TAILS: tl.constexpr):
-    """Whether the tile's second half is all padding: an expert's last tile with at most
-    BLOCK_M / 2 pairs (padding follows an expert's pairs, so its first slot tells)."""
-    if HALF_TAILS:
-        return tl.load(sorted_ids_ptr + first + BLOCK_M // 2) >= num_pairs
+def _padding_from(sorted_ids_ptr, slot, num_pairs, CHECK: tl.constexpr):
+    """Whether the tile's slots from ``slot`` on are all padding (if CHECK): padding follows an
+    expert's pairs in its last tile, so the slot's own content tells."""
+    if CHECK:
+        return tl.load(sorted_ids_ptr + slot) >= num_pairs
     return False
 
 
@@ -79,16 +78,20 @@ def _gate_up_silu_kernel(
     x_ptr, w1_desc, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     num_pairs, inter, hidden, num_pid_m, stride_xm, stride_hm,
     TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, HALF_TAILS: tl.constexpr,
+    GROUP_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
 ):
     """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns.
-    With HALF_TAILS a tile whose second half is padding computes only its first half."""
+    A tile whose pairs fit in its first quarter (TAIL_SPLIT 4) or half (2 or 4) computes those
+    rows only."""
     pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(inter, BLOCK_N), GROUP_M)
     first = pid_m * BLOCK_M
     if first >= tl.load(num_padded_ptr):
         return  # a tile the worst case needed and this routing did not
     expert = tl.load(expert_ids_ptr + pid_m)
-    if _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M, HALF_TAILS):
+    if _padding_from(sorted_ids_ptr, first + BLOCK_M // 4, num_pairs, TAIL_SPLIT >= 4):
+        _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
+                      inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M // 4, BLOCK_N, BLOCK_K)
+    elif _padding_from(sorted_ids_ptr, first + BLOCK_M // 2, num_pairs, TAIL_SPLIT >= 2):
         _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
                       inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M // 2, BLOCK_N, BLOCK_K)
     else:
@@ -116,20 +119,24 @@ def _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, exper
 
 @triton.jit
 def _down_kernel(
-    h_desc, h_half_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, expert_ids_ptr,
+    h_desc, h_half_desc, h_quarter_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr,
+    expert_ids_ptr,
     num_padded_ptr, num_pairs, hidden, inter, num_pid_m, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    HALF_TAILS: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
 ):
     """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order,
-    the result goes back to the pair's own row. HALF_TAILS as above, with h_half_desc's blocks
-    of BLOCK_M / 2 rows."""
+    the result goes back to the pair's own row. TAIL_SPLIT as above, with h's blocks of
+    BLOCK_M / 2 and / 4 rows from their own descriptors."""
     pid_m, pid_n = _tile_of(tl.program_id(0), num_pid_m, tl.cdiv(hidden, BLOCK_N), GROUP_M)
     first = pid_m * BLOCK_M
     if first >= tl.load(num_padded_ptr):
         return
     expert = tl.load(expert_ids_ptr + pid_m)
-    if _padding_half(sorted_ids_ptr, first, num_pairs, BLOCK_M, HALF_TAILS):
+    if _padding_from(sorted_ids_ptr, first + BLOCK_M // 4, num_pairs, TAIL_SPLIT >= 4):
+        _down_rows(h_quarter_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert,
+                   pid_n, num_pairs, hidden, inter, stride_ym, BLOCK_M // 4, BLOCK_N, BLOCK_K)
+    elif _padding_from(sorted_ids_ptr, first + BLOCK_M // 2, num_pairs, TAIL_SPLIT >= 2):
         _down_rows(h_half_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert,
                    pid_n, num_pairs, hidden, inter, stride_ym, BLOCK_M // 2, BLOCK_N, BLOCK_K)
     else:
@@ -156,12 +163,14 @@ def _sum_choices_kernel(y_ptr, out_ptr, num_tokens, hidden, TOP_K: tl.constexpr,
 def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
                     expert_ids: torch.Tensor) -> Dict[str, Any]:
     """The kernel's tile sizes: BLOCK_M is the alignment's (slots per tile), the rest config's.
-    HALF_TAILS (optional, off by default) needs BLOCK_M of 32 or more: a half is a dot's rows."""
-    block_m = sorted_ids.numel() // expert_ids.numel()
-    if config.get("HALF_TAILS", False) and block_m < 32:
-        raise ValueError(f"HALF_TAILS needs BLOCK_M >= 32 (tl.dot's 16 rows a half); got {block_m}")
+    TAIL_SPLIT (optional: 1, the default, 2 or 4) needs BLOCK_M / TAIL_SPLIT of at least 16,
+    tl.dot's fewest rows."""
+    block_m, split = sorted_ids.numel() // expert_ids.numel(), config.get("TAIL_SPLIT", 1)
+    if split not in (1, 2, 4) or (split > 1 and block_m // split < 16):
+        raise ValueError(f"TAIL_SPLIT is 1, 2 or 4, with BLOCK_M / TAIL_SPLIT >= 16 (tl.dot's "
+                         f"fewest rows); got {split} with BLOCK_M {block_m}")
     return dict(BLOCK_M=block_m, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-                GROUP_M=config["GROUP_M"], HALF_TAILS=config.get("HALF_TAILS", False),
+                GROUP_M=config["GROUP_M"], TAIL_SPLIT=split,
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
@@ -180,7 +189,7 @@ def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids:
                  config: Dict[str, int]) -> None:
     """h [slots, I] = silu(x @ gate.T) * (x @ up.T), each slot's token and expert; x [T, H],
     w1 [E, 2I, H] (gate rows, then up rows); all contiguous. config: BLOCK_N, BLOCK_K, GROUP_M,
-    num_warps, num_stages and optionally HALF_TAILS."""
+    num_warps, num_stages and optionally TAIL_SPLIT."""
     num_experts, two_inter, hidden = w1.shape
     num_pid_m = expert_ids.numel()
     w1_desc = _blocks_of(w1, num_experts * two_inter, config["BLOCK_N"], config["BLOCK_K"])
@@ -204,6 +213,7 @@ def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tens
     _down_kernel[grid](
         _blocks_of(h, h.shape[0], block_m, block_k),
         _blocks_of(h, h.shape[0], max(block_m // 2, 1), block_k),
+        _blocks_of(h, h.shape[0], max(block_m // 4, 1), block_k),
         _blocks_of(w2, num_experts * hidden, config["BLOCK_N"], block_k),
         y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, inter, num_pid_m,
         y.stride(0), **options)
