@@ -105,8 +105,10 @@ def _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, exper
                BLOCK_K: tl.constexpr):
     """y for the pairs of the ROWS slots from ``first`` and BLOCK_N columns: h's rows are
     contiguous, so both operands come through descriptors."""
-    pairs = tl.load(sorted_ids_ptr + first + tl.arange(0, ROWS))  # before the loop: its wait
-    real = pairs < num_pairs  # hides behind the products (after it, 10% slower at T=4096)
+    # loaded before the loop, so that its wait hides behind the products: after the loop it
+    # made the whole GEMM 295 us instead of 263 at 4,096 tokens on the H200
+    pairs = tl.load(sorted_ids_ptr + first + tl.arange(0, ROWS))
+    real = pairs < num_pairs
     w_row = (expert * hidden + pid_n * BLOCK_N).to(tl.int32)
     acc = tl.zeros((ROWS, BLOCK_N), dtype=tl.float32)
     for k in range(0, inter, BLOCK_K):
