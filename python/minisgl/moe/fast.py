@@ -17,8 +17,8 @@ from .configs import MoeConfig, get_config
 
 class FastMoeBackend(BaseMoeBackend):
     """A few tokens: three launches (route, gate_up with SiLU, down with the sum of each
-    token's k outputs; kernel/moe_decode.py). More: six (route, plan, scatter, gate_up with
-    SiLU, down, the sum of each token's k outputs)."""
+    token's k outputs; kernel/moe_decode.py). More: seven (route, the chunks' sums, plan,
+    scatter, gate_up with SiLU, down, the sum of each token's k outputs)."""
 
     supports_cuda_graph = True
 
