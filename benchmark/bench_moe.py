@@ -2,7 +2,7 @@
 
     PYTHONPATH=python python benchmark/bench_moe.py [--tokens 1,2,4,...,16384] [--iters 50]
                                                     [--layers 8] [--json OUT]
-    PYTHONPATH=python python benchmark/bench_moe.py --quick   # on a CPU: a crash check only
+    PYTHONPATH=python python benchmark/bench_moe.py --quick   # on a CPU: runs and agrees
 
 Qwen3-30B-A3B's MoE layer (E=128 experts, top-8, H=2048, I=768, bf16, renormalized), random
 weights scaled so activations stay near 1 and random router logits. For each batch of T tokens,
@@ -23,15 +23,15 @@ lines side by side:
 A timed call runs ``--layers`` layers back to back, each with its own weights, as a model's
 consecutive MoE layers run in one decode step's graph; the time is per layer. Replaying a
 one-layer graph instead would add the graph's own launch (about 5 us on the H200) to every
-layer, which a captured decode step pays once for all its layers. Each layer reads other
-weights than the one before (1.2 GB each, far more than the H200's 50 MB L2), so no layer
-finds its weights in the cache. A time is the median of ``--iters`` calls or replays after a
-warm-up; the lines take turns call by call, so that each meets the GPU as hot as the others
-do. For T <= 512 each line's output is
-also checked against the reference (``TorchMoeBackend`` in fp32): the largest error relative to
-the largest output. A line whose chapter-21 module is missing prints "not available", so the
-script also runs on chapter 20's tree. ``--json`` writes every number (per-T arrays of ms for
-the four lines), the device, the versions, the date, the ceilings and the command.
+layer, which a captured decode step pays once for all its layers. Each layer reads other weights
+than the one before (1.2 GB each, far more than the H200's 50 MB L2), so no layer finds its
+weights in the cache. A time is the median of ``--iters`` calls or replays after a warm-up; the
+lines take turns call by call, so that each meets the GPU as hot as the others do. For T <= 512
+each line's output is also checked against the reference (``TorchMoeBackend`` in fp32): the
+largest error relative to the largest output. A line whose chapter-21 module is missing prints
+"not available", so the script also runs on chapter 20's tree. ``--json`` writes every number
+(per-T arrays of ms for the four lines), the device, the versions, the date, the ceilings and
+the command.
 
 ``--quick`` runs on a CPU in Triton's interpreter (or compiled on a GPU, without graphs): a
 tiny shape (E=8, k=2, H=64, I=32, fp32, T in 1, 5, 33), a check that every line runs and agrees

@@ -1,6 +1,7 @@
 """Where the fast MoE layer's time goes, kernel by kernel, on one GPU.
 
-    PYTHONPATH=python python benchmark/profile_moe.py [--tokens 1,2,4096,16384] [--iters 20]
+    PYTHONPATH=python python benchmark/profile_moe.py [--tokens 1,2,16,512,4096,16384]
+        [--iters 20]
 
 Qwen3-30B-A3B's layer as ``bench_moe.py`` sets it up (E=128, top-8, H=2048, I=768, bf16). For
 each T: the layer replayed from a CUDA graph (median of ``--iters`` replays, each between two
@@ -52,7 +53,8 @@ def computed_rows(tiles: torch.Tensor, num_pairs: int, split: int) -> int:
     as kernel/fused_moe.py does."""
     block_m = tiles.shape[1]
     rows = torch.full((tiles.shape[0],), block_m, device=tiles.device)
-    for part in (2, 4) if split == 4 else (2,):  # a quarter overrides a half
+    parts = (2, 4) if split == 4 else (2,)
+    for part in parts:  # a quarter overrides a half
         rows = torch.where(tiles[:, block_m // part] >= num_pairs, block_m // part, rows)
     return int(rows.sum().item())
 

@@ -6,8 +6,9 @@
 
 For each token count T: route random logits once, then for each BLOCK_M that suits T (pairs
 per expert, the page's exercise 1) align the pairs and time every candidate of each GEMM
-(BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages) as CUDA-graph replays
-(``triton.testing.do_bench_cudagraph``). The BLOCK_M whose two best GEMMs sum to the least time
+(BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and each TAIL_SPLIT whose parts keep 16
+rows) as CUDA-graph replays (``triton.testing.do_bench_cudagraph``); ``--block-m`` narrows the
+tile heights to those given. The BLOCK_M whose two best GEMMs sum to the least time
 wins; its two configs and their times go into the JSON, keyed by T. Token counts up to
 ``DECODE_MAX_TOKENS`` take the decode path instead, timed as the whole three-launch layer. An
 existing file keeps the configs of the token counts not tuned in this run. The file is named by E, N

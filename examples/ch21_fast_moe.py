@@ -50,7 +50,7 @@ w1, w2 = torch.randn(E, 2 * I, H) * 0.1, torch.randn(E, H, I) * 0.1
 want = TorchMoeBackend().forward(x, w1, w2, gating, K, renormalize=True)
 fast = FastMoeBackend()
 print()
-for tokens in (3, 37):  # 3 tokens take the decode path (two launches), 37 the aligned one
+for tokens in (3, 37):  # 3 tokens take the decode path (three launches), 37 the aligned one
     got = fast.forward(x[:tokens], w1, w2, gating[:tokens], K, renormalize=True)
     err = (got - want[:tokens]).abs().max().item()
     print(f"{tokens} tokens, {default_config(tokens, K, E)['path']} path, against the "

@@ -462,7 +462,12 @@ def test_the_tuned_h200_file() -> None:
             if config["path"] == "aligned":
                 assert config["BLOCK_M"] in (16, 32, 64, 128)
             for gemm in ("gate_up", "down"):
+                keys_known = {"BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages",
+                              "TAIL_SPLIT"}  # a key the kernels do not read would be ignored
                 assert {"BLOCK_N", "BLOCK_K", "num_warps", "num_stages"} <= set(config[gemm])
+                assert set(config[gemm]) <= keys_known, config[gemm]
+                split = config[gemm].get("TAIL_SPLIT", 1)
+                assert split in (1, 2, 4) and (split == 1 or config["BLOCK_M"] // split >= 16)
         assert sorted(load_tuned(path.name)) == keys
 
 

@@ -1,7 +1,7 @@
 """The fused MoE for a few tokens (a decode step): three launches, no sorting.
 
 With T tokens of top-k there are at most T*k experts in use, and reading each of their weight
-bytes once is the whole cost. Sorting and padding would add two launches for that, so after
+bytes once is the whole cost. Sorting and padding would add three launches for that, so after
 the routing (one program for up to 16 tokens) ``_decode_gate_up_kernel`` runs one program per
 (pair, column block): the first pair of each expert does that expert's work for every token
 that chose it (at most T, one row each) and later pairs of the same expert return at once, so
@@ -33,7 +33,7 @@ MIN_BLOCK_T = 16  # tl.dot's smallest M: a few tokens are padded to 16 rows
 @triton.jit
 def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """silu(x @ gate) * up for one [BLOCK_M, BLOCK_N] tile: x_ptrs [BLOCK_M, BLOCK_K] and
+    """silu(x @ gate) * (x @ up) for one [BLOCK_M, BLOCK_N] tile: x_ptrs [BLOCK_M, BLOCK_K] and
     gate_ptrs [BLOCK_K, BLOCK_N] point at K = 0, the up rows lie up_offset elements past the
     gate rows; two dots over the hidden dimension, one result. (The aligned path's kernel
     takes its weight blocks through a descriptor instead: kernel/fused_moe.py.)"""

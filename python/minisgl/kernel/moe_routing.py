@@ -115,11 +115,11 @@ def _plan_tiles_kernel(
     experts of tiles [p * TILE_CHUNK, +TILE_CHUNK); program 0 also the padding and the size."""
     p = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
-    chunk = tl.arange(0, CHUNK_B)
+    lanes = tl.arange(0, CHUNK_B)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     before = tl.zeros([BLOCK_E], dtype=tl.int32)  # pairs of each expert in chunks before p
     for c in range(0, num_chunks, CHUNK_B):
-        chunks = c + chunk
+        chunks = c + lanes
         rows = tl.load(chunk_counts_ptr + chunks[:, None] * BLOCK_E + experts[None, :],
                        mask=(chunks < num_chunks)[:, None], other=0)
         counts += tl.sum(rows, axis=0)
@@ -128,8 +128,8 @@ def _plan_tiles_kernel(
     tile_end = tl.cumsum(tiles, axis=0)
     tile_start = tile_end - tiles
     total_tiles = tl.sum(tiles, axis=0)
-    if p < num_chunks:  # where each block of chunk p's pairs of each expert begin
-        blocks = p * CHUNK_B + chunk
+    if p < num_chunks:  # chunk p's blocks: where each block's pairs of each expert begin
+        blocks = p * CHUNK_B + lanes
         offsets = blocks[:, None] * BLOCK_E + experts[None, :]
         in_range = (blocks < num_blocks)[:, None]
         rows = tl.load(block_counts_ptr + offsets, mask=in_range, other=0)

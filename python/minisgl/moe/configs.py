@@ -4,8 +4,8 @@ there is one (``benchmark/tune_moe.py`` writes it), a heuristic otherwise.
 A config picks a path. {"path": "aligned", "BLOCK_M": m, "gate_up": {...}, "down": {...}}: the
 pairs sorted and padded to tiles of m (kernel/moe_routing.py), then two grouped GEMMs
 (kernel/fused_moe.py), each with its own BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages,
-and optionally TAIL_SPLIT (2: a last tile at most half full computes half; 4: a quarter
-when its pairs fit in one; 1, computing whole tiles, without the key).
+and optionally TAIL_SPLIT (absent or 1: whole tiles; 2: a tile whose pairs fit in its first
+half computes that half; 4: the same, and a quarter when they fit in its first quarter).
 {"path": "decode", "gate_up": {...}, "down": {...}}: a few tokens in three launches
 (kernel/moe_decode.py), each with BLOCK_N, BLOCK_K, num_warps, num_stages.
 """
