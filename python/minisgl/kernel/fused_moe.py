@@ -9,10 +9,10 @@ with 4 also a tile whose pairs all lie in its first quarter computes only that q
 kernels hold a path for each height. ``sum_choices`` adds up each token's k rows of y.
 
 The weight blocks, and the down GEMM's rows of h (contiguous in slot order), are read through
-tensor descriptors: on Hopper one thread asks the TMA unit for a whole [rows, BLOCK_K] block,
-so no registers hold addresses and masks for it, and reads past an edge come back as zeros.
-Older GPUs and the interpreter get the same blocks from ordinary loads. Only x's rows, one per
-pair's token and scattered, are gathered with pointers.
+tensor descriptors: on Hopper one thread asks the TMA unit for a whole [rows, BLOCK_K] block, so
+no registers hold addresses and masks for it, and reads past an edge come back as zeros. The
+interpreter, and Triton on GPUs without TMA, get the same blocks from ordinary loads. Only x's
+rows, one per pair's token and scattered, are gathered with pointers.
 """
 
 from __future__ import annotations
