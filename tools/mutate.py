@@ -1,6 +1,7 @@
 """Mutation testing of minisgl: plant one small bug at a time and see whether a test notices.
 
     python tools/mutate.py                                    # the five packages below
+    python tools/mutate.py python/minisgl/kernel/fused_moe.py # a later package's file
     python tools/mutate.py python/minisgl/scheduler/cache.py  # one file (or one package folder)
     python tools/mutate.py --list python/minisgl/llm          # only print the mutants
 
@@ -44,6 +45,10 @@ PACKAGE_CHAPTERS = {
     "engine": ("ch04", "ch06", "ch07"),
     "attention": ("ch05", "ch06"),
     "llm": ("ch10",),
+    # later packages, named on the command line only: the chapters that add or change each file
+    # (steps.yaml) choose its tests; their kernels run in Triton's interpreter
+    "kernel": (),
+    "moe": (),
 }
 LAST_CHAPTER = max(c for cs in PACKAGE_CHAPTERS.values() for c in cs)  # by default, files to here
 COPIED = ("python", "tests", "examples", "pyproject.toml")  # what the tests need of the tree
