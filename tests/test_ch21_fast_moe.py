@@ -89,6 +89,22 @@ def test_route_matches_select_experts(tokens, num_experts, topk, renormalize) ->
 
 
 @interpreted
+@pytest.mark.parametrize("decode", [False, True])
+def test_route_of_large_logits_is_a_stable_softmax(decode: bool) -> None:
+    """Logits near 100, as a router can give: exp(100) overflows nothing but exp(200) would, so
+    the softmax must subtract each row's largest logit before exp (both routing blocks)."""
+    from minisgl.kernel.moe_routing import route
+    from minisgl.moe.base import select_experts
+
+    torch.manual_seed(3)
+    gating = 100.0 + 5.0 * _gating(20 if not decode else 3, 8)
+    weights, ids, _ = route(gating, 2, False, count=not decode)
+    want_weights, want_ids = select_experts(gating, 2, False)
+    assert ids.tolist() == want_ids.tolist()
+    torch.testing.assert_close(weights, want_weights, rtol=0, atol=1e-6)
+
+
+@interpreted
 def test_route_breaks_ties_by_the_lowest_expert_and_handles_a_hot_expert() -> None:
     """Equal logits: the lowest expert first, as a stable sort of the probabilities (torch.topk
     promises no order among ties: on a CPU it gives [2, 4, 1] for the first row); one column far
