@@ -171,9 +171,10 @@ def test_ctrl_c_stops_the_reply_frees_its_pages_and_the_shell_goes_on(model, tmp
         assert len(full["token_ids"]) > 400 and len(partial) < len(full["text"]) // 2
         stats = sh.stats()
         assert stats["running"] == 0 and stats["in use"] == 0  # the aborted request's pages
-        # are back, in the prefix cache: the prompt and the few tokens made before the abort,
-        # not the whole reply (which a request left running would have written)
-        assert stats["cached"] * 4 < len(ids) + 100
+        # are back, in the prefix cache: the prompt and the tokens made before the abort, not
+        # the whole reply (which a request left running would have written). Less than half of
+        # it: on a loaded CPU a few hundred tokens can come before the Ctrl-C is handled
+        assert stats["cached"] * 4 < len(ids) + len(full["token_ids"]) // 2
         # the next line is answered, and the stopped turn is not in the conversation
         assert sh.say("Tell me a long story") == full["text"]
         sh.child.sendline("/exit")
