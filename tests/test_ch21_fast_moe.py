@@ -353,6 +353,35 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot, sp
 
 
 @interpreted
+@pytest.mark.parametrize("group_m", [4, 5])
+def test_gemms_compute_every_tile_when_the_routing_needs_all_max_tiles(group_m: int) -> None:
+    """The worst routing (one pair on each expert but one, the rest on that one) uses all
+    max_tiles tiles, so the swizzle's last, shorter group of tile rows holds used tiles too:
+    each must be computed once."""
+    from minisgl.kernel.fused_moe import down, gate_up_silu
+    from minisgl.kernel.moe_routing import align, max_tiles, route
+
+    tokens, num_experts = 37, 4
+    gating = torch.zeros(tokens, num_experts)
+    chosen = torch.arange(tokens).clamp(max=num_experts - 1)  # experts 0-2 once, 3 for the rest
+    gating[torch.arange(tokens), chosen] = 30.0
+    weights, ids, block_counts = route(gating, 1, True)
+    sorted_ids, expert_ids, num_padded = align(ids, block_counts, num_experts, 16)
+    assert int(num_padded.item()) == max_tiles(tokens, num_experts, 16) * 16 == 6 * 16
+    torch.manual_seed(group_m)
+    x = torch.randn(tokens, 40)
+    w1, w2 = _weights(num_experts, 40, 20)
+    h = torch.full((sorted_ids.numel(), 20), float("nan"))
+    gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, 1, _gemm(16, 16, group_m))
+    y = torch.full((tokens, 40), float("nan"))
+    down(h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, _gemm(16, 16, group_m))
+    gate = torch.einsum("th,tih->ti", x, w1[chosen, :20])
+    up = torch.einsum("th,tih->ti", x, w1[chosen, 20:])
+    want = torch.einsum("ti,thi->th", F.silu(gate) * up, w2[chosen])
+    torch.testing.assert_close(y, want, **TOL)
+
+
+@interpreted
 @pytest.mark.parametrize("block_m, split", [(16, 2), (32, 4), (64, 3)])
 def test_tail_splits_refuse_parts_too_short(block_m, split) -> None:
     from minisgl.kernel.fused_moe import gate_up_silu
