@@ -175,14 +175,14 @@ def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
                 num_warps=config["num_warps"], num_stages=config["num_stages"])
 
 
-def _blocks_of(t: torch.Tensor, rows: int, block_rows: int, block_k: int) -> TensorDescriptor:
-    """A descriptor of t viewed as [rows, t's last dimension] (contiguous), read in blocks of
-    [block_rows, block_k]; reads past an edge give zeros."""
+def _blocks_of(t: torch.Tensor, block_rows: int, block_k: int) -> TensorDescriptor:
+    """A descriptor of t viewed as 2-D rows of its last dimension (contiguous: w1 [E, 2I, H] as
+    [E * 2I, H]), read in blocks of [block_rows, block_k]; reads past an edge give zeros."""
     cols = t.shape[-1]
     if not t.is_contiguous() or (cols * t.element_size()) % 16:
         raise ValueError(f"a descriptor needs contiguous rows of a multiple of 16 bytes; got "
                          f"{cols} {t.dtype} values")
-    return TensorDescriptor(t, [rows, cols], [cols, 1], [block_rows, block_k])
+    return TensorDescriptor(t, [t.numel() // cols, cols], [cols, 1], [block_rows, block_k])
 
 
 def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids: torch.Tensor,
@@ -191,9 +191,9 @@ def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids:
     """h [slots, I] = silu(x @ gate.T) * (x @ up.T), each slot's token and expert; x [T, H],
     w1 [E, 2I, H] (gate rows, then up rows); all contiguous. config: BLOCK_N, BLOCK_K, GROUP_M,
     num_warps, num_stages and optionally TAIL_SPLIT."""
-    num_experts, two_inter, hidden = w1.shape
+    two_inter, hidden = w1.shape[1:]
     num_pid_m = expert_ids.numel()
-    w1_desc = _blocks_of(w1, num_experts * two_inter, config["BLOCK_N"], config["BLOCK_K"])
+    w1_desc = _blocks_of(w1, config["BLOCK_N"], config["BLOCK_K"])
     grid = (num_pid_m * triton.cdiv(two_inter // 2, config["BLOCK_N"]),)
     _gate_up_silu_kernel[grid](
         x, w1_desc, h, sorted_ids, expert_ids, num_padded, x.shape[0] * topk, two_inter // 2,
@@ -206,16 +206,16 @@ def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tens
          config: Dict[str, int]) -> None:
     """y [pairs, H] = weight * h[slot] @ w2[expert].T for every pair; h [slots, I], w2 [E, H, I]
     contiguous, weights [pairs] fp32."""
-    num_experts, hidden, inter = w2.shape
+    hidden, inter = w2.shape[1:]
     num_pid_m = expert_ids.numel()
     options = _launch_options(config, sorted_ids, expert_ids)
     block_m, block_k = options["BLOCK_M"], options["BLOCK_K"]
     grid = (num_pid_m * triton.cdiv(hidden, config["BLOCK_N"]),)
     _down_kernel[grid](
-        _blocks_of(h, h.shape[0], block_m, block_k),
-        _blocks_of(h, h.shape[0], max(block_m // 2, 1), block_k),
-        _blocks_of(h, h.shape[0], max(block_m // 4, 1), block_k),
-        _blocks_of(w2, num_experts * hidden, config["BLOCK_N"], block_k),
+        _blocks_of(h, block_m, block_k),
+        _blocks_of(h, max(block_m // 2, 1), block_k),
+        _blocks_of(h, max(block_m // 4, 1), block_k),
+        _blocks_of(w2, config["BLOCK_N"], block_k),
         y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, inter, num_pid_m,
         y.stride(0), **options)
 
