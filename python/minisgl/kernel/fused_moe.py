@@ -24,7 +24,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-SUM_BLOCK_T, SUM_BLOCK_H = 8, 256  # the k-sum's tile: 8 tokens by 256 columns
+# The k-sum's tile, one token by 1,024 columns, and its warps: the best of a sweep on an H200
+# (4.2 TB/s at 4,096 tokens, the copy's rate; 8 by 256 with 4 warps reached 3.8).
+SUM_BLOCK_T, SUM_BLOCK_H, SUM_WARPS = 1, 1024, 8
 
 
 @triton.jit
@@ -227,5 +229,5 @@ def sum_choices(y: torch.Tensor, topk: int) -> torch.Tensor:
     out = y.new_empty(num_tokens, hidden)
     grid = (triton.cdiv(num_tokens, SUM_BLOCK_T), triton.cdiv(hidden, SUM_BLOCK_H))
     _sum_choices_kernel[grid](y, out, num_tokens, hidden, TOP_K=topk, BLOCK_T=SUM_BLOCK_T,
-                              BLOCK_H=SUM_BLOCK_H)
+                              BLOCK_H=SUM_BLOCK_H, num_warps=SUM_WARPS)
     return out
