@@ -261,3 +261,57 @@ def test_profile_moe_counts_the_rows_split_tails_compute() -> None:
         tiles[tile, :pairs] = torch.arange(pairs)
     assert computed_rows(tiles, num_pairs, 2) == 192
     assert computed_rows(tiles, num_pairs, 4) == 176
+
+
+# ---- the small kernels' launch sizes ----------------------------------------------------------
+
+
+def _sweep_module() -> Any:
+    sys.path.insert(0, str(BENCHMARK))
+    try:
+        import sweep_moe_launches
+    finally:
+        sys.path.remove(str(BENCHMARK))
+    return sweep_moe_launches
+
+
+@interpreted
+def test_sweep_moe_launches_quick_every_candidate_agrees() -> None:
+    """``sweep_moe_launches.py --quick`` in the interpreter: every launch size of the routing,
+    the plan (over one and two chunks, two programs of tiles), the scatter and the k-sum gives
+    the bits of the current choice, which is among the candidates."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, str(BENCHMARK / "sweep_moe_launches.py"),
+                             "--quick"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name, count in (("routing", 4), ("plan", 27), ("scatter", 4), ("k-sum", 32)):
+        assert f"  {name}: {count} candidates, all agree" in result.stdout, result.stdout
+    sweep = _sweep_module()
+    for module, candidates in sweep.SPACES.values():
+        assert sweep.current(module, candidates) in candidates
+
+
+def test_sweep_moe_launches_reports_a_candidate_that_disagrees(capsys) -> None:
+    """A call whose output depends on the swept constant: the sweep says which candidates
+    disagree and returns False, and the module's constant is put back."""
+    sweep = _sweep_module()
+    from minisgl.kernel import moe_routing
+
+    before = moe_routing.SCATTER_WARPS
+    assert not sweep.sweep("scatter", lambda: (torch.tensor([moe_routing.SCATTER_WARPS]),),
+                           iters=1, timed=False)
+    out = capsys.readouterr().out
+    assert out.count("DISAGREES") == 3 and "NOT all agree" in out
+    assert moe_routing.SCATTER_WARPS == before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA")
+def test_sweep_moe_launches_times_each_sweep_on_a_gpu() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    result = subprocess.run([sys.executable, str(BENCHMARK / "sweep_moe_launches.py"),
+                             "--tokens", "300", "--iters", "2"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("routing", "plan", "scatter", "k-sum"):
+        assert re.search(rf"^  {name} *\* +\d+\. +[\d.]+ us", result.stdout, re.M), result.stdout

@@ -16,9 +16,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-# The plan's and the scatter's sizes and warps: the best of a sweep on an H200 at 4,096 and
-# 16,384 tokens (ch21's Notes). Both wait on memory; smaller programs run more at once.
+# Launch sizes, the best of benchmark/sweep_moe_launches.py on an H200 (ch21's Notes).
 ROUTE_BLOCK_T = 16  # tokens per program of the routing and the scatter
+ROUTE_TOKENS_PER_WARP = 4
 PLAN_CHUNK_B = 32  # blocks per chunk of the plan, and chunks it reads per step
 PLAN_TILE_CHUNK = 64  # tiles whose expert one program of the plan writes
 PLAN_WARPS = SCATTER_WARPS = 2
@@ -187,7 +187,8 @@ def route(gating_output: torch.Tensor, topk: int, renormalize: bool, count: bool
     _route_and_count_kernel[(num_blocks,)](
         gating_output.contiguous(), weights, ids, block_counts, num_tokens, num_experts,
         TOP_K=topk, RENORMALIZE=renormalize, COUNT=count, BLOCK_T=block_t, BLOCK_E=block_e,
-        BLOCK_K=triton.next_power_of_2(topk), PDL=pdl, num_warps=max(1, block_t // 4))
+        BLOCK_K=triton.next_power_of_2(topk), PDL=pdl,
+        num_warps=max(1, block_t // ROUTE_TOKENS_PER_WARP))
     return weights, ids, block_counts
 
 
