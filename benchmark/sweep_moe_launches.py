@@ -9,8 +9,9 @@ module constants of ``kernel/moe_routing.py`` and ``kernel/fused_moe.py``. For e
 128-row tiles), each candidate is set in the module, run, checked bit-equal to the current
 choice's output, and timed per kernel by torch's profiler as ``profile_moe.py`` times them. The
 five fastest candidates are printed, and the current choice (``*``) with its rank. ``--quick``
-runs every candidate in Triton's interpreter on a tiny shape and checks agreement only: no time
-is printed. Exit status 1 if a candidate disagrees.
+runs every candidate on a tiny shape and checks agreement only, in Triton's interpreter where
+there is no GPU: no time is printed. Exit status 1 if a candidate disagrees, or if there is no
+GPU and no ``--quick``.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-# The k-sum's tile (tokens, columns) and warps: the best of benchmark/sweep_moe_launches.py.
+# The k-sum's tile (tokens, columns) and warps, chosen with benchmark/sweep_moe_launches.py.
 SUM_BLOCK_T, SUM_BLOCK_H, SUM_WARPS = 1, 1024, 8
 
 

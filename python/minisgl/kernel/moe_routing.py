@@ -2,9 +2,9 @@
 
 Four launches: ``_route_and_count_kernel`` (softmax, top-k and renormalization per token, and
 how many of a block of tokens' pairs go to each expert), ``_sum_chunks_kernel`` (those counts
-added up 64 blocks at a time), ``_plan_tiles_kernel`` (each expert's run of tiles, where each
-block's pairs start in it, the padding; its programs share the blocks and the tiles) and
-``_scatter_pairs_kernel`` (each pair to its place). Every output is sized for the worst case,
+added up PLAN_CHUNK_B blocks at a time), ``_plan_tiles_kernel`` (each expert's run of tiles,
+where each block's pairs start in it, the padding; its programs share the blocks and the tiles)
+and ``_scatter_pairs_kernel`` (each pair to its place). Every output is sized for the worst case,
 so the layer can be captured in a graph."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
-# Launch sizes, the best of benchmark/sweep_moe_launches.py on an H200 (ch21's Notes).
 ROUTE_BLOCK_T = 16  # tokens per program of the routing and the scatter
-ROUTE_TOKENS_PER_WARP = 4
+# The launch sizes below, chosen with benchmark/sweep_moe_launches.py on an H200: first or
+# second of each sweep at 4,096 and 16,384 tokens (ch21's Notes).
+ROUTE_TOKENS_PER_WARP = 4  # the routing's warps: its block's tokens / this
 PLAN_CHUNK_B = 32  # blocks per chunk of the plan, and chunks it reads per step
 PLAN_TILE_CHUNK = 64  # tiles whose expert one program of the plan writes
 PLAN_WARPS = SCATTER_WARPS = 2
@@ -113,9 +114,10 @@ def _plan_tiles_kernel(
 ):
     """Each expert's pairs take a run of whole tiles, in expert order. Every program works
     the runs out from the chunks' counts (a load of CHUNK_B chunks a step: one step up to
-    16,384 tokens), then does its own share: program p the offsets of chunk p's blocks (each
-    block's pairs of expert e start at e's run, plus the pairs of e in earlier blocks) and the
-    experts of tiles [p * TILE_CHUNK, +TILE_CHUNK); program 0 also the padding and the size."""
+    CHUNK_B² blocks, 16,384 tokens with the sizes above), then does its own share: program p
+    the offsets of chunk p's blocks (each block's pairs of expert e start at e's run, plus the
+    pairs of e in earlier blocks) and the experts of tiles [p * TILE_CHUNK, +TILE_CHUNK);
+    program 0 also the padding and the size."""
     p = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     lanes = tl.arange(0, CHUNK_B)
