@@ -395,11 +395,18 @@ def test_tail_splits_refuse_parts_too_short(block_m, split) -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("tokens, topk, hidden", [(1, 1, 8), (19, 3, 300), (8, 8, 256)])
-def test_sum_choices_adds_each_tokens_k_rows(tokens, topk, hidden) -> None:
-    """T past a tile of tokens and H past a tile of columns (8 by 256) included."""
+@pytest.mark.parametrize("block_t, block_h", [(1, 1024), (8, 256), (4, 128)])
+@pytest.mark.parametrize("tokens, topk, hidden",
+                         [(1, 1, 8), (19, 3, 300), (8, 8, 256), (3, 2, 1100)])
+def test_sum_choices_adds_each_tokens_k_rows(tokens, topk, hidden, block_t, block_h,
+                                             monkeypatch) -> None:
+    """The chosen tile (1 token by 1,024 columns) and two others the sweep tries, with T past a
+    tile of tokens and H past a tile of columns."""
+    from minisgl.kernel import fused_moe
     from minisgl.kernel.fused_moe import sum_choices
 
+    monkeypatch.setattr(fused_moe, "SUM_BLOCK_T", block_t)
+    monkeypatch.setattr(fused_moe, "SUM_BLOCK_H", block_h)
     torch.manual_seed(tokens)
     y = torch.randn(tokens * topk, hidden)
     torch.testing.assert_close(sum_choices(y, topk), y.view(tokens, topk, hidden).sum(dim=1))
