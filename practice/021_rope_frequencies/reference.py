@@ -5,7 +5,7 @@ import math
 
 def rope_inv_freq(head_dim: int, base: float, rope_scaling: dict | None) -> list[float]:
     """The head_dim // 2 inverse frequencies of rotary embedding: default or llama3-scaled."""
-    inv_freq = [1.0 / base ** (i / head_dim) for i in range(0, head_dim, 2)]
+    inv_freq = [1.0 / base ** (2 * i / head_dim) for i in range(head_dim // 2)]
     kind = "default" if rope_scaling is None else rope_scaling["rope_type"]
     if kind == "default":
         return inv_freq

@@ -83,3 +83,11 @@ def test_random_settings(solution):
              "original_max_position_embeddings": rng.choice([2048, 4096, 8192])}
         _close(solution.rope_inv_freq(head_dim, base, s), _model(head_dim, base, s),
                f"random case {case} ({s})")
+
+
+def test_odd_head_dim(solution):
+    for head_dim in (5, 7):
+        _close(solution.rope_inv_freq(head_dim, 10000.0, None), _model(head_dim, 10000.0, None),
+               f"head_dim {head_dim}: head_dim // 2 pairs (the odd dimension has no partner)")
+        _close(solution.rope_inv_freq(head_dim, 10000.0, LLAMA31),
+               _model(head_dim, 10000.0, LLAMA31), f"head_dim {head_dim}, llama3")

@@ -40,6 +40,32 @@ def test_no_limits(solution):
     _check(solution, [row], [-1], [1.0], "k=-1, p=1: nothing removed")
     _check(solution, [row], [0], [1.0], "k=0 means no limit too")
     _check(solution, [row], [10], [1.0], "k larger than the vocabulary")
+    _check(solution, [row], [-2], [1.0], "k=-2: any k <= 0 means no limit")
+    _check(solution, [row], [-2], [0.5], "k=-2 with a top-p cut")
+
+
+def _rounded_away_tail(vocab):
+    """Tokens holding 1.0 in all, exactly, and a tail of 2**-60 each: a float sum of the ranked
+    probabilities reaches 1.0 before the tail, as a softmax's does over a large vocabulary."""
+    rng = random.Random(4096)
+    head = [16, 12, 9, 8, 6, 5, 4, 2, 1, 1]  # 64ths
+    row = [2.0 ** -60] * vocab
+    for token, count in zip(rng.sample(range(vocab), len(head)), head):
+        row[token] = count / 64
+    return row
+
+
+def test_top_p_one_is_no_limit_whatever_the_rounding(solution):
+    row = _rounded_away_tail(32000)
+    got = solution.top_k_top_p_filter([list(row)], [-1], [1.0])
+    zeroed = sum(1 for g, v in zip(got[0], row) if v and not g)
+    assert got == [row], (f"top_p=1.0 is no limit: every token is kept, but {zeroed} of 32,000 "
+                          "were zeroed (a float sum of the ranked probabilities reaches 1.0 "
+                          "before the tail: p >= 1.0 must not cut at all)")
+    short = _rounded_away_tail(40)
+    _check(solution, [short], [-1], [1.0], "p=1.0 over a tail that sums away")
+    _check(solution, [short], [20], [1.0], "k=20, p=1.0 over a tail that sums away")
+    _check(solution, [short], [-1], [0.999], "p=0.999 cuts before the tail")
 
 
 def test_top_k_one_is_greedy(solution):
@@ -73,6 +99,6 @@ def test_random(solution):
             cuts = sorted(rng.randint(0, 64) for _ in range(vocab - 1))
             counts = [b - a for a, b in zip([0] + cuts, cuts + [64])]
             probs.append([c / 64 for c in counts])
-        top_k = [rng.choice([-1, 0, 1, 2, 3, 5, 20]) for _ in range(batch)]
+        top_k = [rng.choice([-2, -1, 0, 1, 2, 3, 5, 20]) for _ in range(batch)]
         top_p = [rng.choice([1.0, 0.9, 0.5, 0.25, 0.75, 0.1]) for _ in range(batch)]
         _check(solution, probs, top_k, top_p, f"random case {case}")

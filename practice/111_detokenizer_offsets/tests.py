@@ -55,6 +55,11 @@ def test_finish_flushes_incomplete(solution):
     _stream(solution, [[0], [7]], "finished inside a character: the U+FFFD is sent")
 
 
+def test_finish_with_an_empty_feed(solution):
+    _stream(solution, [[0], [7], []], "finished by an empty feed while 世's first byte waits")
+    _stream(solution, [[0, 9, 10], []], "finished by an empty feed inside a 4-byte character")
+
+
 def test_invalid_byte(solution):
     _stream(solution, [[0], [12], [4], [12], [1], [2]], "a stray invalid byte")
 

@@ -26,7 +26,22 @@ class Table:
     by_uid: dict
 
 
-CLASSES = {"Tokenize": Tokenize, "Reply": Reply, "Batch": Batch, "Table": Table}
+@dataclass
+class Timed:
+    uid: int
+
+    def __post_init__(self):
+        self.received_at = 0.5  # an attribute, not a field: not part of the message
+
+
+@dataclass(slots=True)
+class Slim:  # no __dict__: its fields are slots
+    uid: int
+    ids: list
+
+
+CLASSES = {"Tokenize": Tokenize, "Reply": Reply, "Batch": Batch, "Table": Table,
+           "Timed": Timed, "Slim": Slim}
 
 
 def test_plain_values(solution):
@@ -94,3 +109,37 @@ def test_unsendable_refused(solution):
         except TypeError:
             continue
         raise AssertionError(f"to_dict({value!r}) should raise TypeError")
+
+
+def test_fields_only(solution):
+    got = solution.to_dict(Timed(4))
+    assert got == {"__type__": "Timed", "uid": 4}, (
+        f"to_dict(Timed(4)) gave {got}: only the dataclass's fields go in the message")
+    got = solution.to_dict(Slim(2, (3,)))
+    assert got == {"__type__": "Slim", "uid": 2, "ids": [3]}, (
+        f"a dataclass with slots=True: to_dict(Slim(2, (3,))) gave {got}")
+    back = solution.from_dict(got, CLASSES)
+    assert back == Slim(2, [3]), f"round trip of Slim(2, [3]) gave {back!r}"
+
+
+def test_keys_and_other_values_kept(solution):
+    got = solution.to_dict({1: Reply(1, "a"), "x": (2,)})
+    want = {1: {"__type__": "Reply", "uid": 1, "piece": "a", "finished": False, "ids": []},
+            "x": [2]}
+    assert got == want, f"a dict keeps its keys: got {got}, expected {want}"
+    back = solution.from_dict({7: [1, {"n": 2}]}, CLASSES)
+    assert back == {7: [1, {"n": 2}]}, f"from_dict keeps a dict's keys, got {back!r}"
+    for value in [(1, 2), frozenset({3})]:
+        back = solution.from_dict(value, CLASSES)
+        assert back == value and type(back) is type(value), (
+            f"from_dict({value!r}) gave {back!r}: a value neither list nor dict stays as it is")
+
+
+def test_only_the_classes_given(solution):
+    sent = solution.to_dict(Tokenize(1, "t"))
+    try:
+        solution.from_dict(sent, {"Reply": Reply})
+    except TypeError:
+        return
+    raise AssertionError("from_dict with classes {'Reply': Reply} built a 'Tokenize': a name "
+                         "not in classes raises TypeError, whatever to_dict has seen")

@@ -85,6 +85,18 @@ def test_exit_and_unknown(solution):
     assert shell.printed == f"(unknown command /help; {HELP})\n", "/exit prints nothing"
 
 
+def test_commands_are_whole_stripped_lines(solution):
+    shell = solution.Shell(_Script([["A"]]))
+    shell.handle("one")
+    assert shell.handle("  /help  ") is True, "an unknown command returns True"
+    assert shell.handle("/exits") is True, "/exits is not /exit: an unknown command"
+    assert shell.handle("/resets") is True, "/resets is an unknown command"
+    want = "".join(f"(unknown command {c}; {HELP})\n" for c in ("/help", "/exits", "/resets"))
+    assert shell.printed == "A\n" + want, (
+        f"printed {shell.printed!r}: a command is the whole line, stripped")
+    assert shell.history == [_u("one"), _a("A")], f"/resets forgot the history: {shell.history}"
+
+
 def test_empty_line(solution):
     script = _Script([])
     shell = solution.Shell(script)

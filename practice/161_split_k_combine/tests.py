@@ -75,3 +75,25 @@ def test_large_scores(solution):
         keys = [[10.0 + rng.uniform(-0.05, 0.05), rng.gauss(0, 1)] for _ in range(40)]
         values = [[rng.gauss(0, 1), rng.gauss(0, 1)] for _ in range(40)]
         _check_merge(solution, q, keys, values, 4, 8, f"scores around {sign * 1000}")
+
+
+def test_splits_far_apart(solution):
+    # one split's lse is far above the others (first, last or between): subtracting any
+    # lse but the largest overflows or loses the answer
+    big, small = [1.0, -2.0], [5.0, 7.0]
+    for lses in ([-1000.0, 1000.0], [1000.0, -1000.0], [0.0, 800.0, -800.0]):
+        parts = [(list(big if lse == max(lses) else small), lse) for lse in lses]
+        got = solution.combine_splits(parts)
+        assert all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, big)), (
+            f"splits with lse {lses}: the largest one's output {big} is all that counts, "
+            f"got {got}")
+    parts = [([1.0, 0.0], -1000.0), ([0.0, 1.0], -1000.0 + math.log(3.0))]
+    got = solution.combine_splits(parts)
+    assert all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, [0.25, 0.75])), (
+        f"two splits with lse -1000 and -1000 + log 3 weigh 1 : 3, got {got}")
+    rng = random.Random(1616)
+    q = [1.0]
+    keys = [[rng.uniform(999.0, 1001.0)] for _ in range(8)] + \
+           [[rng.uniform(-1001.0, -999.0)] for _ in range(24)]
+    values = [[rng.gauss(0, 1)] for _ in range(32)]
+    _check_merge(solution, q, keys[::-1], values, 4, 8, "scores near -1000 first, 1000 last")

