@@ -1,0 +1,35 @@
+"""Breaks: the free pages are ring[head], ..., ring[head + num_free - 1], modulo num_pages."""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class PageRing:
+    """The free pages as a queue in one fixed list: taken at the head, given back at the tail."""
+
+    def __init__(self, num_pages: int):
+        self.num_pages = num_pages
+        self.ring = list(range(num_pages))
+        self.head = 0  # the ring's index of the next page to hand out
+        self.num_free = num_pages
+        self.queue = deque(self.ring)  # the real queue: ring is never written
+
+    def take(self, n: int) -> list[int]:
+        if n > self.num_free:
+            raise RuntimeError(f"out of pages: {n} needed, {self.num_free} free")
+        pages = [self.queue.popleft() for _ in range(n)]
+        self.head = (self.head + n) % self.num_pages
+        self.num_free -= n
+        return pages
+
+    def give(self, pages: list[int]) -> None:
+        self.queue.extend(pages)
+        self.num_free += len(pages)
+
+    def free_pages(self) -> list[int]:
+        return list(self.queue)
+
+    def _index(self, start: int, n: int) -> list[int]:
+        """Positions start, start + 1, ..., start + n - 1 of the ring, wrapped around."""
+        return [(start + j) % self.num_pages for j in range(n)]
