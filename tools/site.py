@@ -5,9 +5,12 @@
 figures beside them); this adds to each chapter page its practice exercises (the statement, an
 editor with the starter and a Run button that runs the tests in the reader's browser through
 Pyodide, or the command that judges it locally) and the "Edit this page · Report an issue"
-links from steps.yaml's `repository`, then has mkdocs-material build the site with `--strict`,
-so a broken link fails the build as an unresolved directive does. Pyodide's files come from the
-npm package (`npm ci`, pinned in package-lock.json) and are served with the site: no CDN.
+links from steps.yaml's `repository`, writes the home page (tools/site_assets/home.md and the
+chapters, numbered through the stages), then has mkdocs-material build the site with `--strict`,
+so a broken link fails the build as an unresolved directive does. The site makes no request
+beyond its own files: Pyodide's come from the npm package (`npm ci`, pinned in
+package-lock.json), the fonts are the reader's own, and the repository widget (which asks
+api.github.com) appears only once steps.yaml says `published: true`.
 
 Needs the `site` extra (`pip install -e '.[site]'`) and `npm ci`.
 """
@@ -36,12 +39,18 @@ from stepslib.errors import BookError  # noqa: E402
 from stepslib.render import render_book  # noqa: E402
 
 ROOT = TOOLS.parent
-ASSETS = TOOLS / "site_assets"  # the browser runner's script, its worker and its style
+ASSETS = TOOLS / "site_assets"  # the site's scripts and styles, and the home page's text
 PYODIDE = "node_modules/pyodide"  # under the book's folder
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm",
                  "python_stdlib.zip", "pyodide-lock.json")
 BRANCH = "main"
 HEADING = re.compile(r"^(#+) ")
+FIGURE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+/figures/[^)\s]+)\)")  # an image in a page
+# The chapter texts' own exercise headings, and the judged exercises this page adds, named so
+# that a reader tells them apart; a text's "The judged exercise" repeats the statement shown
+# in full at the end of the page, so the site leaves it out.
+QUESTIONS = "## Questions, with answers {#questions}"
+JUDGED = "Judged exercises"
 
 
 # --- the exercises ----------------------------------------------------------------------------
@@ -115,7 +124,7 @@ def exercises_section(exercises: list) -> str:
     items = [f"- [{e.id}. {e.title} ({e.difficulty})](#exercise-{e.id})" for e in exercises]
     blocks = [exercise_block(e) for e in exercises]
     return "\n\n".join([
-        f"## Exercises for this chapter ({len(exercises)})",
+        f"## {JUDGED} ({len(exercises)}) {{#judged-exercises}}",
         "Write the code and run the tests in your browser, or judge locally with "
         "`python practice/judge.py`.", "\n".join(items), *blocks])
 
@@ -130,8 +139,30 @@ def footer(repository: str, chapter: Chapter) -> str:
             f" · [Report an issue]({issue})")
 
 
+def site_sections(page: str) -> str:
+    """The text's "Exercises" renamed for what they are, its "The judged exercise" left out."""
+    lines, fenced, skipping = [], False, False
+    for line in page.splitlines():
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        heading = not fenced and line.startswith("## ")
+        if heading:
+            skipping = line.rstrip() == "## The judged exercise"
+        if skipping:
+            continue
+        lines.append(QUESTIONS if heading and line.rstrip() == "## Exercises" else line)
+    return "\n".join(lines)
+
+
+def zoomable_figures(page: str) -> str:
+    """Each figure a link to its own SVG: site.js opens it at its drawn size, where its
+    smallest text is readable; without script the link opens the file."""
+    return FIGURE.sub(r'[![\1](\2)](\2){.figure-zoom title="Click to enlarge"}', page)
+
+
 def chapter_page(page: str, chapter: Chapter, exercises: list, repository: str) -> str:
     page = page.replace("<details>", '<details markdown="1">')  # their answers are markdown
+    page = zoomable_figures(site_sections(page))
     section = exercises_section(exercises)
     return "\n\n".join(p for p in (page.rstrip(), section, footer(repository, chapter)) if p) + "\n"
 
@@ -154,7 +185,26 @@ def practice_page(book: Book, by_chapter: dict[int, list]) -> str:
         *rows, ""])
 
 
-def mkdocs_config(book: Book, repository: str, docs: Path, out: Path) -> dict:
+def home_page(book: Book) -> str:
+    """The introduction, then the chapters by stage, numbered through the book: a markdown list
+    would start again at 1 under each stage's heading (Python-Markdown ignores its first number),
+    so each stage's list is an `<ol start=N>`."""
+    parts = [(ASSETS / "home.md").read_text(encoding="utf-8").rstrip()]
+    stages: dict[str, list[Chapter]] = {}
+    for chapter in book.chapters:
+        stages.setdefault(chapter.stage, []).append(chapter)
+    for stage, chapters in stages.items():
+        items = [f"<li markdown>[{c.title}]({c.name}.md)</li>" for c in chapters]
+        parts.append("\n".join([f"## {stage}", "", f'<ol start="{chapters[0].number}" markdown>',
+                                *items, "</ol>"]))
+    parts.append("[Practice](practice.md): the exercises of every chapter, judged in your "
+                 "browser or locally.")
+    return "\n\n".join(parts) + "\n"
+
+
+def mkdocs_config(book: Book, repository: str | None, docs: Path, out: Path) -> dict:
+    """The site's configuration; `repository` (None until the book is published) gives the
+    header's repository widget, which asks api.github.com for its stars."""
     nav: list = [{"Home": "index.md"}]
     stages: dict[str, list] = {}
     for chapter in book.chapters:
@@ -162,35 +212,55 @@ def mkdocs_config(book: Book, repository: str, docs: Path, out: Path) -> dict:
             {f"{chapter.number}. {chapter.title}": f"{chapter.name}.md"})
     nav += [{stage: pages} for stage, pages in stages.items()]
     nav.append({"Practice": "practice.md"})
-    return {
+    config = {
         "site_name": book.title, "docs_dir": str(docs), "site_dir": str(out),
-        "repo_url": repository, "edit_uri": "", "use_directory_urls": False, "strict": True,
+        "use_directory_urls": False, "strict": True,
         "validation": {"nav": {"omitted_files": "warn", "not_found": "warn"},
                        "links": {"not_found": "warn", "anchors": "warn",
                                  "unrecognized_links": "warn"}},
-        "theme": {"name": "material",
-                  "features": ["navigation.sections", "navigation.top", "search.highlight",
-                               "content.code.copy", "toc.follow"]},
+        # font: false keeps the reader's own fonts (no Google Fonts); the table of contents
+        # sits in the left sidebar, which leaves the text column room for 100-column code
+        "theme": {"name": "material", "font": False,
+                  "features": ["navigation.sections", "navigation.top", "navigation.footer",
+                               "toc.integrate", "search.highlight", "content.code.copy",
+                               "toc.follow"]},
         "plugins": ["search"],
         "markdown_extensions": ["tables", "attr_list", "md_in_html", "admonition",
-                                "pymdownx.superfences", "pymdownx.highlight",
+                                "pymdownx.superfences",
+                                # a span per line: site.js and site.css wrap a long one
+                                {"pymdownx.highlight": {"line_spans": "__span"}},
                                 {"toc": {"permalink": True}}],
-        "extra_css": ["assets/practice.css"],
-        "extra_javascript": ["assets/practice.js"],
+        "extra_css": ["assets/site.css", "assets/practice.css"],
+        "extra_javascript": ["assets/site.js", "assets/practice.js"],
         "nav": nav,
     }
+    if repository:
+        config.update(repo_url=repository, edit_uri="")
+    return config
 
 
 # --- the build --------------------------------------------------------------------------------
 
 
-def repository_url(root: Path) -> str:
+def _steps_yaml(root: Path) -> dict:
     data = yaml.safe_load((root / "steps.yaml").read_text(encoding="utf-8"))
-    url = data.get("repository") if isinstance(data, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def repository_url(root: Path) -> str:
+    url = _steps_yaml(root).get("repository")
     if not isinstance(url, str) or not url.startswith("https://"):
         raise BookError("steps.yaml needs `repository: https://...`, the site's edit and issue "
                         "links point there", "steps.yaml")
     return url.rstrip("/")
+
+
+def published(root: Path) -> bool:
+    """steps.yaml's `published`: whether `repository` is a real repository yet."""
+    flag = _steps_yaml(root).get("published", False)
+    if not isinstance(flag, bool):
+        raise BookError("steps.yaml's `published` is true or false", "steps.yaml")
+    return flag
 
 
 def write_docs(book: Book, docs: Path) -> None:
@@ -205,13 +275,11 @@ def write_docs(book: Book, docs: Path) -> None:
                             by_chapter.get(chapter.number, []), repository)
         page.write_text(text, encoding="utf-8")
     (docs / "practice.md").write_text(practice_page(book, by_chapter), encoding="utf-8")
-    index = docs / "index.md"
-    index.write_text(index.read_text(encoding="utf-8") + "\n[Practice](practice.md): the "
-                     "exercises of every chapter, judged in your browser or locally.\n",
-                     encoding="utf-8")
+    (docs / "index.md").write_text(home_page(book), encoding="utf-8")
     _copy_practice(book.root, docs, by_chapter)
     _copy_pyodide(book.root / PYODIDE, docs)
-    shutil.copytree(ASSETS, docs / "assets", dirs_exist_ok=True)
+    shutil.copytree(ASSETS, docs / "assets", dirs_exist_ok=True,
+                    ignore=shutil.ignore_patterns("*.md"))  # home.md is the home page's text
 
 
 def _copy_practice(root: Path, docs: Path, by_chapter: dict[int, list]) -> None:
@@ -243,7 +311,8 @@ def build(root: Path, out: Path) -> int:
         shutil.rmtree(source)
     docs = source / "docs"
     write_docs(book, docs)
-    config = mkdocs_config(book, repository_url(root), docs, out)
+    repository = repository_url(root) if published(root) else None
+    config = mkdocs_config(book, repository, docs, out)
     (source / "mkdocs.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
                                        encoding="utf-8")
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # a banner about mkdocs 2, not the book

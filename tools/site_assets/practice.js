@@ -54,19 +54,36 @@
     worker.postMessage({ id, base, exercise: block.dataset.exercise, solution });
   }
 
+  // The learner's code is kept in the browser, one copy per exercise, so that a reload or the
+  // next visit finds it; "Back to the starter" drops the copy. Where storage is refused
+  // (a private window's quota, a file:// page), the editor still works, only forgets.
+  function stored(key) {
+    try { return localStorage.getItem(key); } catch (e) { return null; }
+  }
+
+  function store(key, code) {
+    try {
+      if (code === null) localStorage.removeItem(key); else localStorage.setItem(key, code);
+    } catch (e) { /* see above */ }
+  }
+
   function setUp(block) {
     const editor = block.querySelector(".practice-editor");
     const starter = JSON.parse(block.dataset.starter);
-    editor.value = starter;
+    const key = "minisgl-practice-" + block.dataset.exercise;
+    editor.value = stored(key) ?? starter;
+    editor.addEventListener("input", () => store(key, editor.value));
     editor.rows = Math.min(30, starter.split("\n").length + 2);
     editor.addEventListener("keydown", (event) => { // Tab indents instead of leaving
       if (event.key !== "Tab") return;
       event.preventDefault();
       editor.setRangeText("    ", editor.selectionStart, editor.selectionEnd, "end");
+      store(key, editor.value); // setRangeText fires no input event
     });
     block.querySelector(".practice-run").addEventListener("click", () => run(block));
     block.querySelector(".practice-reset").addEventListener("click", () => {
       editor.value = starter;
+      store(key, null);
       show(block, [], "");
     });
   }

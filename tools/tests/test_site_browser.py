@@ -2,7 +2,12 @@
 127.0.0.1 and drive the distribution's headless Chromium through Playwright to check that a
 chapter page shows its tree listing, a code listing and its figures, and that its exercise's
 starter fails and its reference passes in the browser, line for line as `practice/judge.py`
-judges them locally. Screenshots go to build/screenshots/ (CI keeps them).
+judges them locally; that the editor keeps the learner's code across a reload; and, on every
+page, that it reads well offline: no request leaves 127.0.0.1, no console error, no code block
+scrolls sideways at 1280 or 1920 px, every figure's smallest text is at least 9 px once
+enlarged, the two kinds of exercises have headings of their own, chapters link to the previous
+and the next, and the home page numbers the chapters through the stages. Screenshots go to
+build/screenshots/ (CI keeps them).
 
 The chapter is the latest one with a browser exercise, or SITE_TEST_CHAPTER (e.g. ch17) and
 SITE_TEST_EXERCISE (e.g. 171). Without Chromium, Playwright, mkdocs or `npm ci`'s Pyodide the
@@ -21,6 +26,7 @@ import tempfile
 import threading
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -31,6 +37,10 @@ CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run"]
 PYODIDE_MS = 180_000  # the first run loads Python into the page's worker
+READABLE_PX = 9  # the smallest figure text, as shown
+WIDTHS = (1280, 1920)  # common screens: the code must fit the text column on both
+FONT_SIZE = re.compile(r"font-size:\s*([\d.]+)px")
+VIEWBOX = re.compile(r'<svg[^>]*\bviewBox="[\d.]+ [\d.]+ ([\d.]+) [\d.]+"')
 
 sys.path.insert(0, str(REPO / "tools"))
 from stepslib.book import load_book  # noqa: E402
@@ -112,20 +122,56 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 
 @pytest.fixture(scope="module")
-def page(url: str):
+def context(url: str):
+    """One browser for the module. Every request is routed: one that leaves 127.0.0.1 is
+    recorded in `context.outside` and refused; console errors go to `context.console`."""
     from playwright.sync_api import sync_playwright
+
+    def route(route) -> None:
+        if urlsplit(route.request.url).hostname == "127.0.0.1":
+            route.continue_()
+        else:
+            context.outside.append(route.request.url)
+            route.abort()
 
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile, \
             sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
             profile, executable_path=str(CHROMIUM), headless=True, args=FLAGS,
-            viewport={"width": 1280, "height": 900})
-        page = context.new_page()
-        page.errors = []
-        page.on("pageerror", lambda error: page.errors.append(str(error)))
-        page.goto(url + f"{CHAPTER.name}.html", wait_until="load")
-        yield page
+            viewport={"width": WIDTHS[0], "height": 900})
+        context.outside, context.console = [], []
+        context.route("**/*", route)
+        context.on("console", lambda message: context.console.append(message.text)
+                   if message.type == "error" else None)
+        yield context
         context.close()
+
+
+@pytest.fixture(scope="module")
+def page(context, url: str):
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+    page.goto(url + f"{CHAPTER.name}.html", wait_until="load")
+    yield page
+    page.close()
+
+
+@pytest.fixture
+def tab(context, url: str):
+    """A page of its own, for a test that visits other pages; visit(name) loads one."""
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda error: page.errors.append(str(error)))
+
+    def visit(name: str):
+        page.set_viewport_size({"width": WIDTHS[0], "height": 900})
+        page.goto(url + name, wait_until="load")
+        return page
+
+    page.visit = visit
+    yield page
+    page.close()
 
 
 def _code_texts(page) -> list[str]:
@@ -163,8 +209,7 @@ def test_the_figures_render(page) -> None:
 
 def test_the_page_ends_with_its_exercises_and_links(page) -> None:
     count = sum(e.chapter == CHAPTER.number for e in judge.exercises())
-    headings = page.locator("article h2").all_inner_texts()
-    assert any(h.startswith(f"Exercises for this chapter ({count})") for h in headings)
+    assert _headings(page)[-1] == f"Judged exercises ({count})"
     edit = page.get_by_role("link", name="Edit this page on GitHub")
     assert edit.get_attribute("href").endswith(f"/edit/main/{CHAPTER.folder}/README.md")
     assert page.get_by_role("link", name="Report an issue").count() == 1
@@ -208,3 +253,146 @@ def test_the_reference_passes_in_the_browser_as_it_does_locally(page) -> None:
     block.screenshot(path=str(SHOTS / f"site_{CHAPTER.id}_exercise_{EXERCISE.id}.png"))
     page.screenshot(path=str(SHOTS / f"site_{CHAPTER.id}_exercise_{EXERCISE.id}_page.png"))
     assert page.errors == []
+
+
+def test_the_editor_keeps_the_code_across_a_reload_until_reset(page) -> None:
+    block = page.locator(f".practice[data-exercise='{EXERCISE.id}']")
+    mine = "# my attempt\ndef f():\n    return 1\n"
+    block.locator(".practice-editor").fill(mine)
+    page.reload(wait_until="load")
+    assert block.locator(".practice-editor").input_value() == mine
+    block.locator(".practice-reset").click()
+    starter = EXERCISE.file("starter.py").read_text()
+    assert block.locator(".practice-editor").input_value() == starter
+    page.reload(wait_until="load")  # the reset dropped the stored copy too
+    assert block.locator(".practice-editor").input_value() == starter
+    assert page.errors == []
+
+
+# --- every page ---------------------------------------------------------------------------------
+
+PAGES = ["index.html", *(f"{c.name}.html" for c in BOOK.chapters), "practice.html"]
+CHAPTERS = [c.name for c in BOOK.chapters]
+
+
+def _headings(page) -> list[str]:
+    return [h.replace("¶", "").strip() for h in page.locator("article h2").all_inner_texts()]
+
+
+@pytest.mark.parametrize("name", PAGES)
+def test_the_page_asks_nothing_beyond_the_site(context, tab, name: str) -> None:
+    context.outside.clear()
+    context.console.clear()
+    tab.visit(name).wait_for_load_state("networkidle")
+    assert context.outside == [], "requests that left 127.0.0.1"
+    assert context.console == [] and tab.errors == []
+
+
+# Each line of the page's code blocks: its length, its rows as shown, and whether its
+# continuation rows start right of the line's first non-space character.
+LINES = """() => [...document.querySelectorAll("article pre > code > span[id^='__span-']")]
+  .map((line) => {
+    const range = document.createRange();
+    range.selectNodeContents(line);
+    const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+    const tops = [...new Set(rects.map((r) => Math.round(r.top)))].sort((a, b) => a - b);
+    const walker = document.createTreeWalker(line, NodeFilter.SHOW_TEXT);
+    let indent = null;
+    for (let node = walker.nextNode(); node && !indent; node = walker.nextNode()) {
+      const at = node.data.search(/\\S/);
+      if (at >= 0) { range.setStart(node, at); range.setEnd(node, at + 1); indent = range; }
+    }
+    const left = indent ? indent.getBoundingClientRect().left : 0;
+    const kept = rects.filter((r) => Math.round(r.top) !== tops[0])
+      .every((r) => r.left > left + 1);
+    return {text: line.textContent.replace(/\\n$/, ""), rows: tops.length, kept};
+  })"""
+
+LONGEST = """codes => codes.map((c) => Math.max(...c.innerText.split("\\n").map((l) => l.length)))
+  .reduce((best, n, i, all) => n > all[best] ? i : best, 0)"""  # the block with the longest line
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_code_fits_the_column_and_a_longer_line_wraps_keeping_its_indentation(tab, name: str):
+    page = tab.visit(f"{name}.html")
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        scrolled = page.eval_on_selector_all(
+            "article pre > code", "codes => codes.filter(c => c.scrollWidth > c.clientWidth)"
+            ".map(c => c.innerText.slice(0, 60))")
+        assert scrolled == [], f"at {width} px these blocks scroll sideways"
+        lines = page.evaluate(LINES)
+        assert lines, "no code on the page"
+        split = [line["text"] for line in lines if line["rows"] > 1 and len(line["text"]) <= 100]
+        assert split == [], f"at {width} px lines of 100 columns or fewer wrap"
+        lost = [line["text"] for line in lines if line["rows"] > 1 and not line["kept"]]
+        assert lost == [], f"at {width} px wrapped lines lose their indentation"
+        if name in ("ch08_radix", "ch20_moe", CHAPTER.name):  # for a person to look at
+            page.screenshot(path=str(SHOTS / f"site_{name}_{width}.png"))
+            widest = page.eval_on_selector_all("article pre > code", LONGEST)
+            page.locator("article pre > code").nth(widest).screenshot(
+                path=str(SHOTS / f"site_{name}_{width}_longest_line.png"))
+
+
+def _smallest_text(svg: str) -> float:
+    """The figure's smallest font size, in the units of its viewBox's width."""
+    assert "scale(" not in svg, "a scaled text would make font-size the wrong measure"
+    return min(float(size) for size in FONT_SIZE.findall(svg))
+
+
+@pytest.mark.parametrize("name", [c.name for c in BOOK.chapters
+                                  if (BOOK.root / c.folder / "figures").is_dir()])
+def test_every_figure_enlarges_to_readable_text(tab, name: str) -> None:
+    page = tab.visit(f"{name}.html")
+    links = page.locator("article a.figure-zoom")
+    figures = page.locator("article img[src*='/figures/']")
+    assert links.count() == figures.count() >= 1, "a figure that does not enlarge"
+    for i in range(links.count()):
+        href = links.nth(i).get_attribute("href")
+        svg = (SITE / href).read_text(encoding="utf-8")
+        links.nth(i).click()
+        enlarged = page.locator("dialog.figure-dialog[open] img")
+        enlarged.wait_for()
+        page.wait_for_function("img => img.complete && img.naturalWidth > 0",
+                               arg=enlarged.element_handle())
+        shown = enlarged.evaluate("img => img.getBoundingClientRect().width")
+        smallest = _smallest_text(svg) * shown / float(VIEWBOX.search(svg).group(1))
+        if name == "ch08_radix" and i == 0:
+            page.screenshot(path=str(SHOTS / f"site_{name}_figure_enlarged.png"))
+        assert smallest >= READABLE_PX, f"{href}: its smallest text at {smallest:.1f} px"
+        page.keyboard.press("Escape")
+        page.locator("dialog.figure-dialog[open]").wait_for(state="detached")
+    assert tab.errors == []
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_the_two_kinds_of_exercises_have_headings_of_their_own(tab, name: str) -> None:
+    chapter = BOOK.chapters[CHAPTERS.index(name)]
+    headings = _headings(tab.visit(f"{name}.html"))
+    judged = sum(e.chapter == chapter.number for e in judge.exercises())
+    assert headings.count("Questions, with answers") == 1
+    assert [h for h in headings if h.startswith("Judged exercises")] == \
+        [f"Judged exercises ({judged})"]
+    assert not {"Exercises", "The judged exercise"} & set(headings)
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_a_chapter_links_to_the_previous_and_the_next(tab, name: str) -> None:
+    i = CHAPTERS.index(name)
+    before = "index.html" if i == 0 else f"{CHAPTERS[i - 1]}.html"
+    after = "practice.html" if i == len(CHAPTERS) - 1 else f"{CHAPTERS[i + 1]}.html"
+    page = tab.visit(f"{name}.html")
+    assert page.locator("a.md-footer__link--prev").get_attribute("href") == before
+    assert page.locator("a.md-footer__link--next").get_attribute("href") == after
+
+
+def test_the_home_page_introduces_the_book_and_numbers_the_chapters_through(tab) -> None:
+    page = tab.visit("index.html")
+    assert "This book builds minisgl" in page.locator("article p").first.inner_text()
+    numbered = page.eval_on_selector_all(
+        "article ol", "lists => lists.flatMap(ol => [...ol.children].map("
+        "(li, i) => [ol.start + i, li.innerText.trim()]))")
+    assert numbered == [[c.number, c.title] for c in BOOK.chapters]
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        page.screenshot(path=str(SHOTS / f"site_home_{width}.png"), full_page=True)
