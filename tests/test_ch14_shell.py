@@ -1,7 +1,11 @@
 """Chapter 14: the interactive shell, as a person uses it: ``python -m minisgl --shell`` in a
 pseudo-terminal (pexpect), on the tiny byte-level model, its replies checked against the offline
-API on the chat template. One shell for the module (it loads the model in two processes); the
-Ctrl-D test starts its own, since leaving ends it."""
+API on the chat template. Each shell loads the model in two processes, so three serve the
+module: one with short replies (its last test leaves it with Ctrl-D), one whose replies only the
+context cuts (Ctrl-C, then a scheduler killed under it), one with the shell's defaults (long
+turns until the context is full, then /exit). Then the same long turns through the server's
+chat endpoint. Every wait is on the terminal's output (pexpect), bounded generously for a
+loaded machine."""
 
 from __future__ import annotations
 
@@ -14,10 +18,13 @@ for _package in ("zmq", "msgpack", "fastapi", "uvicorn", "prompt_toolkit", "pexp
 import os
 import re
 import signal
+import socket
 import sys
 from pathlib import Path
 
+import openai
 import pexpect
+import torch
 from helpers import ROOT
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -25,21 +32,29 @@ from minisgl.tokenizer import tokenize_request
 
 PROMPT = ">>> "
 MAX_TOKENS = 24
+CONTEXT = 512  # the tiny models' max_position_embeddings; the pool holds 2048 tokens
+DEFAULT_REPLY = CONTEXT // 4  # the shell's default max_tokens
 OPTIONS = dict(device="cpu", page_size=4, num_pages=512)
 FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "512"]
+WAIT_S = 120  # any one wait on the terminal: loading the model on a loaded 2-core machine
+TRIMMED = re.compile(r"\((\d+) earlier turns? left out, to leave (\d+) of the context's (\d+) "
+                     r"tokens for the reply\)\r\n")
 
 
 class ShellProcess:
-    """``python -m minisgl --shell`` in a pseudo-terminal; its socket directory under ``tmp``."""
+    """``python -m minisgl --shell`` in a pseudo-terminal; its socket directory under ``tmp``.
+    ``max_tokens=None``: the shell's own default reply length."""
 
-    def __init__(self, model: Path, tmp: Path, max_tokens: int = MAX_TOKENS):
+    def __init__(self, model: Path, tmp: Path, max_tokens: int | None = MAX_TOKENS):
         self.tmp = tmp
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TMPDIR": str(tmp),
-               "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", "MINISGL_SHELL_TEMPERATURE": "0",
-               "MINISGL_SHELL_MAX_TOKENS": str(max_tokens)}
+        env = {**_worker_env(tmp), "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1",
+               "MINISGL_SHELL_TEMPERATURE": "0"}
+        env.pop("MINISGL_SHELL_MAX_TOKENS", None)
+        if max_tokens is not None:
+            env["MINISGL_SHELL_MAX_TOKENS"] = str(max_tokens)
         self.child = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model),
                                                     "--shell", *FLAGS],
-                                   env=env, timeout=20, encoding="utf-8")
+                                   env=env, timeout=WAIT_S, encoding="utf-8")
         self.banner = self.wait_prompt()  # its first line names the workers and their pids
         self.workers = _children(self.child.pid)
         # the scheduler, the tokenizer worker (and multiprocessing's resource tracker)
@@ -48,9 +63,9 @@ class ShellProcess:
     def wait_prompt(self) -> str:
         """What was printed before the next prompt, once prompt_toolkit has taken the terminal
         (a Ctrl-D typed before that is the line discipline's, not the prompt's). Its raw mode
-        turns the terminal's echo off: ``waitnoecho`` polls for that, 10 s at most."""
+        turns the terminal's echo off: ``waitnoecho`` polls for that, 60 s at most."""
         self.child.expect_exact(PROMPT)
-        assert self.child.waitnoecho(timeout=10), "prompt_toolkit never took the terminal"
+        assert self.child.waitnoecho(timeout=60), "prompt_toolkit never took the terminal"
         return self.child.before
 
     def say(self, line: str) -> str:
@@ -72,11 +87,20 @@ class ShellProcess:
 
     def expect_exit(self) -> int:
         """Waits for the end; its exit status, once no worker is alive and no socket is left."""
-        self.child.expect(pexpect.EOF, timeout=20)
+        self.child.expect(pexpect.EOF, timeout=WAIT_S)
         self.child.close()
         assert [pid for pid in self.workers if _alive(pid)] == []
         assert list(self.tmp.rglob("*")) == [], list(self.tmp.rglob("*"))
         return self.child.exitstatus
+
+
+def _worker_env(tmp: Path) -> dict:
+    """This tree's package; sockets under ``tmp``; one thread per process. A tiny model gains
+    nothing from a second thread, and on a loaded machine the threads of three processes wait
+    for each other: 128 tokens took 7.6 s with two threads and 0.5 s with one, beside other
+    jobs on 2 cores."""
+    return {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TMPDIR": str(tmp),
+            "OMP_NUM_THREADS": "1"}
 
 
 def _children(pid: int) -> list[int]:
@@ -107,17 +131,26 @@ def model(tiny_models) -> Path:
 
 @pytest.fixture(scope="module")
 def llm(model):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the shell's processes run (_worker_env)
     engine = LLM(model, **OPTIONS)
     yield engine
     engine.shutdown()
+    torch.set_num_threads(threads)
 
 
-@pytest.fixture(scope="module")
-def shell(model, tmp_path_factory):
-    sh = ShellProcess(model, tmp_path_factory.mktemp("shell"))
-    yield sh
-    if sh.child.isalive():
+def _shell_fixture(max_tokens: int | None):
+    """A shell for the module's tests; whatever a test left of it is ended after the last."""
+    @pytest.fixture(scope="module")
+    def fixture(model, tmp_path_factory):
+        sh = ShellProcess(model, tmp_path_factory.mktemp("shell"), max_tokens)
+        yield sh
         sh.child.terminate(force=True)
+    return fixture
+
+
+shell = _shell_fixture(MAX_TOKENS)  # short replies
+long_shell = _shell_fixture(100_000)  # cut to the context: 490 tokens or so
 
 
 def _offline(llm, messages: list, max_tokens: int = MAX_TOKENS) -> str:
@@ -129,6 +162,10 @@ def _user(text: str) -> dict:
     return {"role": "user", "content": text}
 
 
+def _assistant(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
 def test_a_greedy_turn_equals_the_offline_api_on_the_chat_template(shell, llm):
     assert shell.say("Hello there") == _offline(llm, [_user("Hello there")])
 
@@ -137,8 +174,7 @@ def test_the_second_turn_sees_the_first_and_reset_forgets_it(shell, llm):
     shell.say("/reset")
     first = shell.say("What is the weather today?")
     second = shell.say("And tomorrow?")
-    history = [_user("What is the weather today?"), {"role": "assistant", "content": first},
-               _user("And tomorrow?")]
+    history = [_user("What is the weather today?"), _assistant(first), _user("And tomorrow?")]
     assert second == _offline(llm, history)
     assert shell.say("/reset") == "(the conversation is forgotten)"
     alone = shell.say("And tomorrow?")
@@ -152,61 +188,178 @@ def test_up_arrow_brings_back_an_earlier_line(shell, llm):
     shell.say("/stats")
     shell.child.send("\x1b[A\x1b[A\r")  # up twice: "Hello there" again, a second turn
     reply = shell.wait_prompt().partition("\r\r\n")[2][:-2].replace("\r\n", "\n")
-    history = [_user("Hello there"), {"role": "assistant", "content": first},
-               _user("Hello there")]
+    history = [_user("Hello there"), _assistant(first), _user("Hello there")]
     assert reply == _offline(llm, history)
 
 
-def test_ctrl_c_stops_the_reply_frees_its_pages_and_the_shell_goes_on(model, tmp_path, llm):
-    sh = ShellProcess(model, tmp_path, max_tokens=100_000)  # cut to the context: 490 or so
-    try:
-        sh.child.sendline("Tell me a long story")
-        sh.child.expect_exact("Tell me a long story\r\r\n")
-        sh.child.expect(r"\S{8}")  # a few pieces of the reply have come
-        sh.child.sendintr()
-        partial = sh.child.before + sh.child.after
-        assert sh.wait_prompt().endswith("^C\r\n(stopped)\r\n")
-        ids = tokenize_request(llm.tokenizer, messages=[_user("Tell me a long story")])
-        full = llm.generate([ids], SamplingParams(max_tokens=100_000))[0]
-        assert len(full["token_ids"]) > 400 and len(partial) < len(full["text"]) // 2
-        stats = sh.stats()
-        assert stats["running"] == 0 and stats["in use"] == 0  # the aborted request's pages
-        # are back, in the prefix cache: the prompt and the tokens made before the abort, not
-        # the whole reply (which a request left running would have written). Less than half of
-        # it: on a loaded CPU a few hundred tokens can come before the Ctrl-C is handled
-        assert stats["cached"] * 4 < len(ids) + len(full["token_ids"]) // 2
-        # the next line is answered, and the stopped turn is not in the conversation
-        assert sh.say("Tell me a long story") == full["text"]
-        sh.child.sendline("/exit")
-        assert sh.expect_exit() == 0
-    finally:
-        sh.child.terminate(force=True)
-
-
-def test_exit_leaves_with_status_0_and_nothing_behind(shell):
-    shell.child.sendline("/exit")
+def test_ctrl_d_leaves_with_status_0_and_nothing_behind(shell):
+    shell.child.sendeof()
     assert shell.expect_exit() == 0
 
 
-def test_a_dying_worker_stops_the_shell_with_a_message(model, tmp_path):
-    sh = ShellProcess(model, tmp_path, max_tokens=100_000)
+def test_ctrl_c_stops_the_reply_frees_its_pages_and_the_shell_goes_on(long_shell, llm):
+    sh = long_shell
+    sh.child.sendline("Tell me a long story")
+    sh.child.expect_exact("Tell me a long story\r\r\n")
+    sh.child.expect(r"\S{8}")  # a few pieces of the reply have come
+    sh.child.sendintr()
+    partial = sh.child.before + sh.child.after
+    assert sh.wait_prompt().endswith("^C\r\n(stopped)\r\n")
+    ids = tokenize_request(llm.tokenizer, messages=[_user("Tell me a long story")])
+    full = llm.generate([ids], SamplingParams(max_tokens=100_000))[0]
+    assert len(full["token_ids"]) > 400 and len(partial) < len(full["text"]) // 2
+    stats = sh.stats()
+    assert stats["running"] == 0 and stats["in use"] == 0  # the aborted request's pages
+    # are back, in the prefix cache: the prompt and the tokens made before the abort, not
+    # the whole reply (which a request left running would have written). Less than half of
+    # it: on a loaded CPU a few hundred tokens can come before the Ctrl-C is handled
+    assert stats["cached"] * 4 < len(ids) + len(full["token_ids"]) // 2
+    # the next line is answered, and the stopped turn is not in the conversation
+    assert sh.say("Tell me a long story") == full["text"]
+
+
+def test_a_dying_worker_stops_the_shell_with_a_message(long_shell):
+    sh = long_shell
+    scheduler = int(re.search(r"scheduler \(pid (\d+)\)", sh.banner)[1])
+    sh.say("/reset")
+    sh.child.sendline("Tell me a long story")
+    sh.child.expect_exact("Tell me a long story\r\r\n")
+    sh.child.expect(r"\S{8}")  # the reply is under way
+    os.kill(scheduler, signal.SIGKILL)
+    sh.child.expect_exact("minisgl: the scheduler process was killed by SIGKILL; "
+                          "the shell has stopped")
+    assert sh.expect_exit() == 1
+    assert "Traceback" not in sh.child.before
+
+
+# ---------------------------------------------------------------- a full context
+def test_the_oldest_turns_go_first_and_a_system_message_stays():
+    """``fit_to_context`` with a count of one token per character of content."""
+    from minisgl.shell import fit_to_context
+
+    def count(messages: list) -> int:
+        return sum(len(m["content"]) for m in messages)
+
+    system = {"role": "system", "content": "s" * 10}
+    turns = [_user("a" * 10), _assistant("b" * 10), _user("c" * 10), _assistant("d" * 10)]
+    new = _user("e" * 10)
+    assert fit_to_context([system, *turns, new], count, 60) == ([system, *turns, new], 0)
+    assert fit_to_context([system, *turns, new], count, 59) == ([system, *turns[2:], new], 1)
+    assert fit_to_context([system, *turns, new], count, 40) == ([system, *turns[2:], new], 1)
+    assert fit_to_context([system, *turns, new], count, 39) == ([system, new], 2)
+    assert fit_to_context([*turns, new], count, 30) == ([*turns[2:], new], 1)
+    # the new line stays even when it alone is too long: the scheduler refuses it
+    assert fit_to_context([*turns, new], count, 5) == ([new], 2)
+    assert fit_to_context([system, new], count, 5) == ([system, new], 0)
+
+
+LINES = ["Tell me a long story", "What happened next?", "And then?", "Tell me about the robot",
+         "What did the children ask?", "And the weather?"]
+
+
+def test_long_turns_on_the_shells_defaults_trim_the_history_and_never_end_it(
+        model, llm, tmp_path):
+    """The shell as it starts without MINISGL_SHELL_*_TOKENS: replies of a quarter of the
+    context, so that after a few turns the conversation no longer fits. Each turn's reply is
+    printed; the oldest turns are left out, as few as fit, and the shell says so; the reply is
+    the offline API's on what is left; a line longer than the context is refused in one line;
+    /exit still leaves cleanly."""
+    sh = ShellProcess(model, tmp_path, max_tokens=None)
     try:
-        scheduler = int(re.search(r"scheduler \(pid (\d+)\)", sh.banner)[1])
-        sh.child.sendline("Tell me a long story")
-        sh.child.expect(r"\S{8}")  # the reply is under way
-        os.kill(scheduler, signal.SIGKILL)
-        sh.child.expect_exact("minisgl: the scheduler process was killed by SIGKILL; "
-                              "the shell has stopped")
-        assert sh.expect_exit() == 1
+        assert "random weights" in sh.banner and "random text" in sh.banner
+        history: list = []
+        trims = []
+        for line in LINES:
+            sh.child.sendline(line)
+            sh.child.expect_exact(f"{line}\r\r\n")
+            printed = sh.wait_prompt()
+            match = TRIMMED.match(printed)
+            dropped = int(match[1]) if match else 0
+            if match:
+                assert (int(match[2]), int(match[3])) == (DEFAULT_REPLY, CONTEXT), printed
+                trims.append(dropped)
+            reply = printed[match.end() if match else 0:]
+            assert reply.endswith("\r\n") and "Traceback" not in printed, printed
+            reply = reply[:-2].replace("\r\n", "\n")
+            assert reply, printed  # the greedy reply runs on: no EOS at once
+            kept = history[2 * dropped:] + [_user(line)]
+            # the fewest turns left out that leave room for a whole reply
+            assert _prompt_len(llm, kept) <= CONTEXT - DEFAULT_REPLY
+            if dropped:
+                assert _prompt_len(llm, history[2 * dropped - 2:] + [_user(line)]) > \
+                    CONTEXT - DEFAULT_REPLY
+            if match and len(trims) == 1:  # what the model saw: the kept turns, nothing else
+                assert reply == _offline(llm, kept, DEFAULT_REPLY)
+            history = kept + [_assistant(reply)]
+        assert trims and sum(trims) >= 2, trims
+        # a line longer than the context alone: refused in one line, and the shell goes on
+        too_long = "7" * (CONTEXT + 10)  # one token per digit
+        assert _prompt_len(llm, [_user(too_long)]) >= CONTEXT
+        sh.child.sendline(too_long)
+        sh.child.expect(r"\(refused: the prompt has (\d+) tokens: the context holds "
+                        rf"max_seq_len={CONTEXT}, so a prompt has at most {CONTEXT - 1}\)\r\n")
+        assert int(sh.child.match[1]) == _prompt_len(llm, [_user(too_long)])
+        assert "Traceback" not in sh.child.before
+        sh.wait_prompt()
+        assert sh.say("/reset") == "(the conversation is forgotten)"
+        assert sh.say(LINES[0]) == _offline(llm, [_user(LINES[0])], DEFAULT_REPLY)
+        sh.child.sendline("/exit")
+        assert sh.expect_exit() == 0
         assert "Traceback" not in sh.child.before
     finally:
         sh.child.terminate(force=True)
 
 
-def test_ctrl_d_leaves_with_status_0_and_nothing_behind(model, tmp_path):
-    sh = ShellProcess(model, tmp_path)
+def _prompt_len(llm, messages: list) -> int:
+    return len(tokenize_request(llm.tokenizer, messages=messages))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_chat_endpoint_refuses_a_too_long_conversation_with_400_and_goes_on(model, llm,
+                                                                                tmp_path):
+    """Long turns through ``/v1/chat/completions`` (the official client): the server keeps
+    no history of its own, so the conversation outgrows the context. That request gets a 400
+    naming the prompt's length and the context, streamed or not; the next is served."""
+    port = _free_port()
+    server = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--port",
+                                            str(port), *FLAGS],
+                           env=_worker_env(tmp_path), timeout=WAIT_S, encoding="utf-8")
     try:
-        sh.child.sendeof()
-        assert sh.expect_exit() == 0
+        server.expect_exact(f"minisgl: serving {model} on http://127.0.0.1:{port}")
+        # the port is bound just after that line: the client retries a refused connection
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                               max_retries=5, timeout=WAIT_S)
+        messages: list = []
+        for line in LINES:
+            messages.append(_user(line))
+            if _prompt_len(llm, messages) >= CONTEXT:
+                break
+            reply = client.chat.completions.create(model="m", messages=messages,
+                                                   max_tokens=200, temperature=0)
+            assert reply.usage.prompt_tokens == _prompt_len(llm, messages)
+            messages.append(_assistant(reply.choices[0].message.content))
+        n = _prompt_len(llm, messages)
+        assert len(messages) > 3 and n >= CONTEXT  # two turns and more, then too long
+        expected = (f"the prompt has {n} tokens: the context holds max_seq_len={CONTEXT}, so "
+                    f"a prompt has at most {CONTEXT - 1}")
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as refused:
+                client.chat.completions.create(model="m", messages=messages, max_tokens=8,
+                                               stream=stream)
+            assert refused.value.status_code == 400
+            assert refused.value.body["message"] == expected
+        after = client.chat.completions.create(model="m", messages=messages[-1:],
+                                               max_tokens=8, temperature=0)
+        assert after.choices[0].message.content == _offline(llm, messages[-1:], 8)
+        server.kill(signal.SIGTERM)
+        server.expect_exact("minisgl: SIGTERM received; the server has stopped")
+        server.expect(pexpect.EOF)
+        server.close()
+        assert server.exitstatus == 0 and list(tmp_path.rglob("*")) == []
     finally:
-        sh.child.terminate(force=True)
+        server.terminate(force=True)

@@ -6,11 +6,19 @@ tokenizer worker as chat messages (so through the chat template), and the reply 
 piece by piece as the detokenizer sends it. Ctrl-C stops the reply (the request is aborted and
 its pages go back) but not the shell; ``/exit`` or Ctrl-D stop the shell and every worker.
 
+The conversation grows each turn, and the context does not: before a turn is sent, its oldest
+turns are left out (a system message stays) until the conversation leaves room for a whole
+reply, and the shell says how many went. The count is the tokenizer worker's own: the shell
+loads the same tokenizer and calls the same ``tokenize_request``. A turn the scheduler still
+refuses (one line longer than the context) is reported in one line, and the shell goes on.
+
 Sampling is set for the whole session from the environment, as upstream does:
 ``MINISGL_SHELL_TEMPERATURE`` (0.6), ``MINISGL_SHELL_TOP_K`` (-1), ``MINISGL_SHELL_TOP_P`` (1.0),
-``MINISGL_SHELL_MAX_TOKENS`` (2048, cut to what the context leaves).
+``MINISGL_SHELL_MAX_TOKENS``. Upstream's default reply length, 2048 tokens, would fill a
+512-token context in one reply and leave no room for the next line; ours is a quarter of the
+context, 2048 at most (128 tokens on the tiny models, 2048 from an 8,192-token context on), so
+that three quarters stay for the conversation: several turns of it.
 """
-
 from __future__ import annotations
 
 import itertools
@@ -20,7 +28,9 @@ import sys
 import time
 from contextlib import closing
 from functools import partial
-from typing import Callable, Dict, Iterator, List, TextIO
+from typing import Callable, Dict, Iterator, List, TextIO, Tuple
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from minisgl import env
 from minisgl.core import SamplingParams
@@ -32,23 +42,61 @@ from minisgl.message import (
     TokenizeMsg,
     UserReply,
 )
+from minisgl.models import ModelConfig
 from minisgl.server.api_server import SchedulerStats
 from minisgl.server.args import ServerArgs
 from minisgl.server.launch import send_exit_msg, start_workers
+from minisgl.tokenizer import tokenize_request
+from minisgl.utils.hf import read_hf_config, resolve_model_dir
 from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 
 PROMPT = ">>> "
 HELP = "/reset forgets the conversation, /stats shows the pool, /exit (or Ctrl-D) leaves"
+RANDOM_WEIGHTS = ("(a model with random weights, as examples/tiny_models.py makes, writes "
+                  "random text)")
 Message = Dict[str, str]
 
 
-def shell_sampling_params() -> SamplingParams:
-    """The session's sampling, from ``MINISGL_SHELL_*`` (upstream's defaults)."""
+class RequestRefused(ValueError):
+    """The tokenizer worker or the scheduler refused the request; the message says why."""
+
+
+def shell_sampling_params(context: int) -> SamplingParams:
+    """The session's sampling, from ``MINISGL_SHELL_*`` (upstream's defaults, but a reply of a
+    quarter of the ``context``, 2048 tokens at most)."""
     get = os.environ.get
+    reply_len = min(2048, context // 4)
     return SamplingParams(temperature=float(get("MINISGL_SHELL_TEMPERATURE", "0.6")),
                           top_k=int(get("MINISGL_SHELL_TOP_K", "-1")),
                           top_p=float(get("MINISGL_SHELL_TOP_P", "1.0")),
-                          max_tokens=int(get("MINISGL_SHELL_MAX_TOKENS", "2048")))
+                          max_tokens=int(get("MINISGL_SHELL_MAX_TOKENS", str(reply_len))))
+
+
+def context_length(args: ServerArgs, stats: SchedulerStats) -> int:
+    """The longest sequence the scheduler takes (its ``max_seq_len``): the model's context, but
+    no more tokens than the KV pool holds (chapter 6's rule)."""
+    config = ModelConfig.from_dict(read_hf_config(resolve_model_dir(args.model_path)))
+    model_len = args.max_seq_len or config.max_position_embeddings
+    return min(model_len, stats.read()["kv_pages_total"] * args.page_size)
+
+
+def prompt_length(tokenizer: PreTrainedTokenizerBase, messages: List[Message]) -> int:
+    """The conversation's prompt tokens as the tokenizer worker makes them: the same tokenizer
+    files, the same chat template, the same ``tokenize_request``."""
+    return len(tokenize_request(tokenizer, messages=messages))
+
+
+def fit_to_context(messages: List[Message], count_tokens: Callable[[List[Message]], int],
+                   budget: int) -> Tuple[List[Message], int]:
+    """``messages`` less as many of their oldest turns (a user line and its reply) as bring the
+    templated conversation to ``budget`` tokens. A system message first stays, and so does the
+    new line, even alone too long (the scheduler then refuses it). Returns the messages kept and
+    how many turns were left out."""
+    system = messages[:1] if messages and messages[0]["role"] == "system" else []
+    turns, dropped = messages[len(system):], 0
+    while len(turns) > 2 and count_tokens(system + turns) > budget:
+        turns, dropped = turns[2:], dropped + 1
+    return system + turns, dropped
 
 
 class ChatClient:
@@ -71,9 +119,9 @@ class ChatClient:
         try:
             while not finished:
                 for reply in self._replies(uid):
-                    if reply.error:
-                        raise ValueError(reply.error)
                     finished = reply.finished
+                    if reply.error:  # finished too: there is nothing to abort
+                        raise RequestRefused(reply.error)
                     yield reply.incremental_output
         finally:
             if not finished:
@@ -98,8 +146,10 @@ class Shell:
     """The conversation, and what each line of input does with it."""
 
     def __init__(self, client: ChatClient, params: SamplingParams, stats: SchedulerStats,
+                 count_tokens: Callable[[List[Message]], int], context: int,
                  out: TextIO = sys.stdout):
         self.client, self.params, self.stats, self.out = client, params, stats, out
+        self.count_tokens, self.context = count_tokens, context
         self.history: List[Message] = []  # the turns so far, user and assistant in turn
 
     def run(self, read_line: Callable[[], str]) -> None:
@@ -133,9 +183,16 @@ class Shell:
         return True
 
     def turn(self, text: str) -> None:
-        """One chat turn, streamed. Stopped by Ctrl-C, it is left out of the conversation, and
-        the next prompt waits until the scheduler has dropped the request."""
-        messages = self.history + [{"role": "user", "content": text}]
+        """One chat turn, streamed, its conversation cut to leave room for a whole reply (half
+        the context at most: a longer one the scheduler cuts anyway). Stopped by Ctrl-C or
+        refused, it is left out of the conversation (and the turns it would have cut stay);
+        after a Ctrl-C the next prompt waits until the scheduler has dropped the request."""
+        room = min(self.params.max_tokens, self.context // 2)  # for the reply
+        messages, dropped = fit_to_context(self.history + [{"role": "user", "content": text}],
+                                           self.count_tokens, self.context - room)
+        if dropped:
+            self.say(f"({dropped} earlier turn{'s' * (dropped > 1)} left out, to leave {room} "
+                     f"of the context's {self.context} tokens for the reply)")
         pieces: List[str] = []
         try:
             with closing(self.client.stream(messages, self.params)) as stream:
@@ -147,13 +204,16 @@ class Shell:
             self.say("\n(stopped)")
             self._wait_idle()
             return
+        except RequestRefused as e:
+            self.say(("\n" if pieces else "") + f"(refused: {e})")
+            return
         self.say("")
         self.history = messages + [{"role": "assistant", "content": "".join(pieces)}]
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
-    def _wait_idle(self, timeout: float = 5.0) -> None:
+    def _wait_idle(self, timeout: float = 30.0) -> None:
         """Until the scheduler runs no request (the aborted one is gone), ``timeout`` at most."""
         deadline = time.monotonic() + timeout
         while self.stats.read()["num_running_reqs"] and time.monotonic() < deadline:
@@ -178,13 +238,17 @@ def run_shell(args: ServerArgs) -> None:
     with Workers() as workers:
         stats = SchedulerStats()
         start_workers(workers, args, stats)
+        tokenizer = AutoTokenizer.from_pretrained(args.model_path)  # as the worker loads it
         workers.wait_ready(timeout=env.ready_timeout_s())
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again
         client = ChatClient(workers)
+        context = context_length(args, stats)
         pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
-        print(f"minisgl shell: {args.model_path}; workers: {pids}\n{HELP}", flush=True)
+        print(f"minisgl shell: {args.model_path}; workers: {pids}\n{HELP}\n{RANDOM_WEIGHTS}",
+              flush=True)
         try:
-            Shell(client, shell_sampling_params(), stats).run(prompt_reader())
+            Shell(client, shell_sampling_params(context), stats,
+                  partial(prompt_length, tokenizer), context).run(prompt_reader())
         except WorkerDied as e:  # the watcher has stopped the other workers
             raise SystemExit(f"minisgl: {e}; the shell has stopped") from None
         finally:
