@@ -7,6 +7,7 @@ Modules, one concern each:
     imports  -- the closure check: every `minisgl` import names something in the tree
     render   -- the text's directives, resolved and expanded
     runner   -- running a main or a chapter's tests in a fixed environment; comparing prints
+    report   -- a failed test run made short: the first failure whole, each cut marked
     check    -- `check`: the steps of each chapter, cached, in parallel, with a summary
     gitout   -- `checkout --git`: one commit per chapter
     cli      -- the command line

@@ -9,6 +9,9 @@ The steps of a chapter:
   6. the chapter's practice exercises (`practice/NNN_slug/`, NNN starting with the chapter's
      number) are sound: exercise.toml's fields, the statement's first line, the starter fails
      the tests and the reference passes them (practice/judge.py's `verify`).
+
+A tree whose tests fail is kept under .steps-cache/trees/ until the chapter passes, so that the
+command the report prints can re-run its first failing test by hand.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ import importlib.metadata
 import importlib.util
 import json
 import platform
+import shlex
+import shutil
 import sys
 import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +41,7 @@ from .render import PRINTS, TEXT, text_problems
 from .tree import package_files, tree_at, write_tree
 
 CACHE = ".steps-cache/results"
+TREES = ".steps-cache/trees"  # a chapter's tree, kept while its tests fail, to re-run them in
 TOOL_DIR = Path(__file__).resolve().parent
 PRACTICE = "practice"
 JUDGE = f"{PRACTICE}/judge.py"
@@ -47,6 +54,7 @@ class Options:
     use_cache: bool = True
     against: Path | None = None  # a learner's tree: DIR/python holds their package
     no_skip: bool = False  # CI: a CPU chapter whose packages are missing fails, never skips
+    tool: str = "python tools/steps.py"  # how the reader runs this tool, for the commands shown
 
 
 @dataclass
@@ -55,18 +63,19 @@ class Result:
     status: str = "pass"  # pass | fail | skip
     reason: str = ""  # why it was skipped
     steps: dict[str, str] = field(default_factory=dict)  # step -> what came of it
-    details: list[str] = field(default_factory=list)  # what explains a failure
+    details: list[tuple[str, str]] = field(default_factory=list)  # (heading, what explains it)
     failed: list[str] = field(default_factory=list)  # the steps that failed
     forwards: list[Forward] = field(default_factory=list)
-    tests: list[tuple[str, str]] = field(default_factory=list)
+    tests: list[runner.Test] = field(default_factory=list)
     cached: bool = False
     seconds: float = 0.0
 
-    def fail(self, step: str, outcome: str, detail: str) -> None:
+    def fail(self, step: str, outcome: str, detail: str, heading: str = "") -> None:
+        """`heading` says what the detail is; by default the step and its outcome."""
         self.status = "fail"
         self.steps[step] = outcome
         self.failed.append(step)
-        self.details.append(detail)
+        self.details.append((heading or f"{step}: {outcome}", detail))
 
 
 def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
@@ -92,8 +101,9 @@ def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
             tree = Path(scratch)
             write_tree(tree_at(book, chapter, package=options.against is None), tree)
             python = options.against / "python" if options.against else tree / "python"
-            _check_main(book, chapter, tree, python, result)
+            _check_main(book, chapter, tree, python, options, result)
             _check_tests(book, chapter, tree, python, options, result)
+            _keep_while_failing(tree, kept_tree(book, chapter, options), result)
     return result
 
 
@@ -170,23 +180,30 @@ def _judge(book: Book) -> Any:
         return _judges[path]
 
 
-def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, result: Result) -> None:
+def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
+                result: Result) -> None:
     gpu = chapter.requires == "gpu"
     outcome = runner.run_main(tree, chapter.main, python, gpu)
+    prints = f"{chapter.folder}/{PRINTS}"
+    run = f"{options.tool} run {chapter.id}" + (
+        f" --against {shlex.quote(str(options.against))}" if options.against else "")
     if not outcome.ok:
-        result.fail("main", "failed", outcome.detail)
+        result.fail("main", "failed", f"{outcome.detail.rstrip()}\n\nrun it yourself: {run}",
+                    f"main: {chapter.main} failed")
         return
-    recorded_path = book.root / chapter.folder / PRINTS
+    recorded_path = book.root / prints
     if not recorded_path.is_file():
-        result.fail("main", "no prints", f"{chapter.folder}/{PRINTS} is missing: "
-                                         f"run `python tools/steps.py record {chapter.id}`")
+        result.fail("main", "no prints", f"{prints} is missing: "
+                                         f"run `{options.tool} record {chapter.id}`")
         return
     recorded = recorded_path.read_text(encoding="utf-8")
     if runner.same_prints(recorded, outcome.output, chapter.tolerance):
         result.steps["main"] = "ok"
-    else:
-        diff = runner.prints_diff(recorded, outcome.output, f"{chapter.folder}/{PRINTS}")
-        result.fail("main", "differs", diff)
+        return
+    printed = "printed by your tree" if options.against else "printed now"
+    diff = runner.prints_diff(recorded, outcome.output, prints, ("recorded", printed))
+    result.fail("main", "differs", f"{diff}\nsee all it prints: {run}",
+                f"main: {runner.lines_differing(recorded, outcome.output)} from {PRINTS}")
 
 
 def _check_tests(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
@@ -200,8 +217,39 @@ def _check_tests(book: Book, chapter: Chapter, tree: Path, python: Path, options
     result.tests = outcome.tests
     if outcome.ok:
         result.steps["tests"] = outcome.summary
-    else:
-        result.fail("tests", outcome.summary, outcome.detail)
+        return
+    first = outcome.first_failure
+    again = rerun_command(kept_tree(book, chapter, options), options.against,
+                          [first] if first else tests)
+    what = "the first failing test (shown whole above)" if first else "the tests"
+    result.fail("tests", outcome.summary,
+                f"{outcome.detail.rstrip()}\n\nre-run {what} by hand:\n  {again}",
+                f"tests: {outcome.summary}")
+
+
+def kept_tree(book: Book, chapter: Chapter, options: Options) -> Path:
+    """Where the tree is kept while the chapter's tests fail (a learner's apart from the book's)."""
+    return book.root / TREES / (chapter.name + ("-yours" if options.against else ""))
+
+
+def _keep_while_failing(tree: Path, kept: Path, result: Result) -> None:
+    shutil.rmtree(kept, ignore_errors=True)
+    if "tests" in result.failed:
+        shutil.copytree(tree, kept)
+
+
+def rerun_command(tree: Path, against: Path | None, tests: list[str]) -> str:
+    """A shell command that runs `tests` (node ids or files) in a kept tree, as check ran them."""
+    python_path = shlex.quote(str(against / "python")) if against else "python"
+    return (f"cd {shlex.quote(str(tree))} && PYTHONPATH={python_path} "
+            f"{python_command()} -m pytest " + " ".join(map(shlex.quote, tests)))
+
+
+def python_command() -> str:
+    """`python` where that is this interpreter (the same virtualenv), else this one's path."""
+    found = shutil.which("python")
+    same = found is not None and Path(found).parent == Path(sys.executable).parent
+    return "python" if same else shlex.quote(sys.executable)
 
 
 # --- the cache --------------------------------------------------------------------------------
@@ -289,6 +337,7 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
         record = _cached(book, key) if key and options.use_cache else None
         if record is not None:
             results[chapter.id] = _from_cache(chapter, record)
+            shutil.rmtree(kept_tree(book, chapter, options), ignore_errors=True)  # it passes
         else:
             todo.append((chapter, key))
     display = _Progress(progress, len(chapters), len(results))
@@ -367,27 +416,47 @@ def summary_table(results: list[Result]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    counts = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
-    lines.append(f"{counts['pass']} passed, {counts['fail']} failed, {counts['skip']} skipped")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _counts(results)) + "\n"
+
+
+def _counts(results: list[Result]) -> list[str]:
+    """Chapters and their tests by outcome, and why tests were skipped, most often first."""
+    chapters = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
+    tests = [test for r in results for test in r.tests]
+    outcomes = {s: sum(outcome == s for _, outcome, _ in tests)
+                for s in ("passed", "failed", "skipped", "xfailed")}
+    line = (f"chapters: {chapters['pass']} passed, {chapters['fail']} failed, "
+            f"{chapters['skip']} skipped")
+    if tests:
+        line += (f"; their tests: {outcomes['passed']:,} passed, {outcomes['failed']:,} failed, "
+                 f"{outcomes['skipped']:,} skipped"
+                 + (f", {outcomes['xfailed']:,} xfailed" if outcomes["xfailed"] else ""))
+    reasons = Counter(why or "(no reason given)" for _, outcome, why in tests
+                      if outcome == "skipped")
+    lines = [line]
+    if reasons:
+        lines.append("tests skipped, by reason:")
+        by_count = sorted(reasons.items(), key=lambda item: (-item[1], item[0]))
+        lines += [f"  {n:5,}  {why}" for why, n in by_count]
+    return lines
 
 
 def write_junit(results: list[Result], path: Path) -> None:
     suites = ET.Element("testsuites", name="steps check")
     for r in results:
         suite = ET.SubElement(suites, "testsuite", name=r.chapter.name)
-        cases = [(f"{r.chapter.name}.steps", step, "failed" if step in r.failed else "passed")
-                 for step in r.steps]
-        cases += [(f"{r.chapter.name}.tests", test, outcome) for test, outcome in r.tests]
+        cases = [(f"{r.chapter.name}.steps", step, "failed" if step in r.failed else "passed",
+                  "") for step in r.steps]
+        cases += [(f"{r.chapter.name}.tests", *test) for test in r.tests]
         failures = 0
-        for classname, name, outcome in cases:
+        for classname, name, outcome, why in cases:
             case = ET.SubElement(suite, "testcase", classname=classname, name=name)
             if outcome == "failed":
                 failures += 1
                 ET.SubElement(case, "failure", message=r.steps.get(name, "failed")).text = \
-                    "\n".join(r.details)
-            elif outcome == "skipped":
-                ET.SubElement(case, "skipped")
+                    "\n\n".join(f"{heading}\n{detail}" for heading, detail in r.details)
+            elif outcome in ("skipped", "xfailed"):
+                ET.SubElement(case, "skipped", message=why)
         if r.status == "skip":
             ET.SubElement(ET.SubElement(suite, "testcase", classname=r.chapter.name,
                                         name="chapter"), "skipped", message=r.reason)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -156,6 +157,7 @@ def cmd_diff(book: Book, args: argparse.Namespace) -> int:
 
 
 def cmd_run(book: Book, args: argparse.Namespace) -> int:
+    """Run the main; on a learner's tree, its prints are shown as they come, then judged."""
     chapter = _one(book, args.chapter)
     against = _learner_tree(book, args.against) if args.against else None
     with tempfile.TemporaryDirectory(prefix=f"steps-{chapter.id}-") as scratch:
@@ -163,8 +165,47 @@ def cmd_run(book: Book, args: argparse.Namespace) -> int:
         write_tree(tree_at(book, chapter, package=against is None), tree)
         python = against / "python" if against else tree / "python"
         env = runner.fixed_env(python, chapter.requires == "gpu")
-        done = subprocess.run([sys.executable, chapter.main], cwd=tree, env=env)
-    return 0 if done.returncode == 0 else 1
+        if against is None:
+            return 0 if subprocess.run([sys.executable, chapter.main], cwd=tree,
+                                       env=env).returncode == 0 else 1
+        returncode, printed = _run_echoing([sys.executable, chapter.main], tree, env)
+    return 0 if _verdict(book, chapter, returncode, printed) else 1
+
+
+def _run_echoing(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
+    """Run `command`, its stdout shown line by line as it comes and returned whole."""
+    lines = []
+    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True,
+                          encoding="utf-8") as process:
+        for line in process.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            lines.append(line)
+    return process.returncode, "".join(lines)
+
+
+def _verdict(book: Book, chapter: Chapter, returncode: int, printed: str) -> bool:
+    """Say how the prints of a learner's tree compare with the book's; True when the same."""
+    prints = f"{chapter.folder}/{PRINTS}"
+    recorded_path = book.root / prints
+    if returncode != 0:
+        print(f"\n── {chapter.main} exited with status {returncode} (its error is above) ──")
+    elif not recorded_path.is_file():
+        print(f"\n── no recorded prints to compare with: {prints} is missing ──")
+    else:
+        recorded = recorded_path.read_text(encoding="utf-8")
+        if recorded == printed:
+            print(f"\n── your tree prints what {prints} holds, line for line ──")
+            return True
+        if runner.same_prints(recorded, printed, chapter.tolerance):
+            print(f"\n── your tree prints what {prints} holds, its numbers within the "
+                  f"chapter's tolerance of {chapter.tolerance:g} ──")
+            return True
+        print(f"\n── {runner.lines_differing(recorded, printed)} between your tree's prints "
+              f"and {prints} ──")
+        sys.stdout.write(runner.prints_diff(recorded, printed, prints,
+                                            ("recorded", "printed by your tree")))
+    return False
 
 
 def _learner_tree(book: Book, folder: Path) -> Path:
@@ -188,15 +229,15 @@ def cmd_check(book: Book, args: argparse.Namespace) -> int:
     against = _learner_tree(book, args.against) if args.against else None
     options = check.Options(static=args.static, cumulative=args.cumulative,
                             use_cache=not args.no_cache, against=against,
-                            no_skip=args.no_skip)
+                            no_skip=args.no_skip, tool=_invocation(book))
     results = check.check_book(book, chapters, options, args.jobs, sys.stderr)
     print(check.summary_table(results), end="")
     _print_forwards(results)
     if against is not None:
         _print_learner_report(results)
     for r in results:
-        for detail in r.details:
-            print(f"\n── {r.chapter.name}: {', '.join(r.failed)} ──\n{detail.rstrip()}")
+        for heading, detail in r.details:
+            print(f"\n── {r.chapter.name} · {heading} ──\n{detail.rstrip()}")
     if args.junit:
         check.write_junit(results, args.junit.resolve())
     return 1 if any(r.status == "fail" for r in results) else 0
@@ -210,12 +251,23 @@ def _print_forwards(results: list[check.Result]) -> None:
             print(f"  {where}: {module} (ch{number:02d})")
 
 
+def _invocation(book: Book) -> str:
+    """How to run this tool again from here, for the commands a report shows."""
+    script = Path(__file__).resolve().parents[1] / "steps.py"
+    try:
+        shown = script.relative_to(Path.cwd())
+    except ValueError:
+        shown = script
+    root = "" if book.root == DEFAULT_ROOT else f" --root {shlex.quote(str(book.root))}"
+    return f"{check.python_command()} {shlex.quote(str(shown))}{root}"
+
+
 def _print_learner_report(results: list[check.Result]) -> None:
     print("\nyour tree, item by item:")
     for r in results:
         print(f"  {r.chapter.id} main: {r.steps.get('main', r.reason or '-')}")
-        for test, outcome in r.tests:
-            print(f"  {r.chapter.id} {outcome:7} {test}")
+        for test, outcome, why in r.tests:
+            print(f"  {r.chapter.id} {outcome:7} {test}" + (f"  ({why})" if why else ""))
 
 
 def cmd_record(book: Book, args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ where a chapter declares a `tolerance`, number by number within it.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 import os
@@ -14,10 +15,12 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .book import Chapter
+from .report import cut, failure_report
 
 MAIN_TIMEOUT = 600
 TESTS_TIMEOUT = 1800
@@ -55,19 +58,26 @@ def missing_needs(chapter: Chapter) -> list[str]:
     return [name for name in chapter.needs if importlib.util.find_spec(name) is None]
 
 
+Test = tuple[str, str, str]  # (pytest node id, passed / failed / skipped / xfailed, why skipped)
+
+
 @dataclass
 class Outcome:
     ok: bool
     output: str  # stdout of a main; the test runner's report of tests
-    detail: str = ""  # what explains a failure: stderr, a diff
-    tests: list[tuple[str, str]] = field(default_factory=list)  # (test id, passed/failed/...)
+    detail: str = ""  # what explains a failure: stderr, a diff, the first failing test
+    tests: list[Test] = field(default_factory=list)
+    first_failure: str | None = None  # the node id of the failure `detail` shows whole
 
     @property
     def summary(self) -> str:
-        counts: dict[str, int] = {}
-        for _, result in self.tests:
-            counts[result] = counts.get(result, 0) + 1
-        return ", ".join(f"{n} {result}" for result, n in sorted(counts.items())) or "no tests"
+        return count_outcomes(self.tests) or "no tests"
+
+
+def count_outcomes(tests: list[Test]) -> str:
+    """`1 failed, 12 passed, 3 skipped`: the outcomes that occur, in the order of their names."""
+    counts = Counter(outcome for _, outcome, _ in tests)
+    return ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(counts.items()))
 
 
 def run_main(tree: Path, main: str, python_path: Path, gpu: bool = False) -> Outcome:
@@ -78,7 +88,7 @@ def run_main(tree: Path, main: str, python_path: Path, gpu: bool = False) -> Out
         return Outcome(False, "", f"{main} ran longer than {MAIN_TIMEOUT} s")
     if done.returncode != 0:
         return Outcome(False, done.stdout, f"{main} exited with {done.returncode}:\n"
-                                           f"{done.stderr[-4000:]}")
+                                           f"{cut(done.stderr, 4000)}")
     return Outcome(True, done.stdout)
 
 
@@ -95,32 +105,57 @@ def run_tests(tree: Path, tests: list[str], python_path: Path, gpu: bool = False
     output = done.stdout + done.stderr
     if done.returncode == 5 or not results:
         return Outcome(False, output, f"{' '.join(tests)} collected no test", results)
-    return Outcome(done.returncode == 0, output, "" if done.returncode == 0 else output[-6000:],
-                   results)
+    if done.returncode == 0:
+        return Outcome(True, output, "", results)
+    failed = [node for node, outcome, _ in results if outcome == "failed"]
+    detail, first = failure_report(output, failed)
+    return Outcome(False, output, detail, results, first)
 
 
-def _junit_results(report: Path, tree: Path) -> list[tuple[str, str]]:
-    """(pytest node id, passed / failed / skipped) for each test the report names."""
+def _junit_results(report: Path, tree: Path) -> list[Test]:
+    """A Test for each case the report names, in the order they ran."""
     if not report.is_file():
         return []
     results = []
     for case in ET.parse(report).getroot().iter("testcase"):
         name = _node_id(case.get("classname", ""), case.get("name", ""), tree)
-        kinds = {child.tag for child in case}
-        result = ("failed" if kinds & {"failure", "error"} else
-                  "skipped" if "skipped" in kinds else "passed")
-        results.append((name, result))
+        kinds = {child.tag: child for child in case}
+        skipped = kinds.get("skipped")
+        if kinds.keys() & {"failure", "error"}:
+            results.append((name, "failed", ""))
+        elif skipped is None:
+            results.append((name, "passed", ""))
+        elif skipped.get("type") == "pytest.xfail":
+            results.append((name, "xfailed", skipped.get("message", "")))
+        else:
+            results.append((name, "skipped", _skip_reason(skipped)))
     return results
 
 
+def _skip_reason(skipped: ET.Element) -> str:
+    """The reason a test gave; a module skipped whole has its reason in a tuple's repr."""
+    reason = skipped.get("message", "")
+    if reason == "collection skipped":  # the text is repr((path, line, "Skipped: why"))
+        try:
+            reason = str(ast.literal_eval(skipped.text or "")[2])
+        except (ValueError, SyntaxError, IndexError, TypeError):
+            pass
+    return reason.removeprefix("Skipped: ")
+
+
 def _node_id(classname: str, name: str, tree: Path) -> str:
-    """junit's `tests.test_x.TestY` and `test_z` back to `tests/test_x.py::TestY::test_z`."""
+    """junit's `tests.test_x.TestY` and `test_z` back to `tests/test_x.py::TestY::test_z`.
+
+    A module that is skipped or fails to import whole comes as classname "", name `tests.test_x`.
+    """
+    if not classname:
+        classname, name = name, ""
     parts = classname.split(".")
-    for cut in range(len(parts), 0, -1):
-        path = "/".join(parts[:cut]) + ".py"
+    for cut_at in range(len(parts), 0, -1):
+        path = "/".join(parts[:cut_at]) + ".py"
         if (tree / path).is_file():
-            return "::".join([path, *parts[cut:], name])
-    return f"{classname}::{name}"
+            return "::".join([path, *parts[cut_at:], *([name] if name else [])])
+    return f"{classname}::{name}" if name else classname
 
 
 def same_prints(recorded: str, printed: str, tolerance: float | None) -> bool:
@@ -135,8 +170,18 @@ def same_prints(recorded: str, printed: str, tolerance: float | None) -> bool:
     return len(a) == len(b) and all(abs(float(x) - float(y)) <= tolerance for x, y in zip(a, b))
 
 
-def prints_diff(recorded: str, printed: str, name: str) -> str:
+def lines_differing(recorded: str, printed: str) -> str:
+    """`2 lines differ`: the recorded lines not printed, or the printed ones not recorded."""
+    a, b = recorded.splitlines(), printed.splitlines()
+    matched = sum(block.size for block in
+                  difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
+    differing = max(len(a), len(b)) - matched
+    return "1 line differs" if differing == 1 else f"{differing:,} lines differ"
+
+
+def prints_diff(recorded: str, printed: str, name: str,
+                labels: tuple[str, str] = ("recorded", "printed now")) -> str:
     lines = difflib.unified_diff(recorded.splitlines(keepends=True),
                                  printed.splitlines(keepends=True),
-                                 f"{name} (recorded)", f"{name} (printed now)")
+                                 f"{name} ({labels[0]})", f"{name} ({labels[1]})")
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)

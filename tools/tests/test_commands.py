@@ -126,7 +126,8 @@ def test_run_against_a_learners_tree(book, tmp_path):
     (learner / "python/toy/shout.py").write_text(
         "def shout(name):\n    return 'HEY ' + name.upper()\n")
     done = steps(book, "run", "2", "--against", str(learner))
-    assert done.stdout == "HEY WORLD\n3\n"
+    assert done.stdout.startswith("HEY WORLD\n3\n\n── 1 line differs")  # then the verdict
+    assert done.returncode == 1
 
 
 def test_record_rewrites_the_prints_and_shows_the_diff(book):
