@@ -382,8 +382,9 @@ def test_a_chapter_links_to_the_previous_and_the_next(tab, name: str) -> None:
     before = "index.html" if i == 0 else f"{CHAPTERS[i - 1]}.html"
     after = "practice.html" if i == len(CHAPTERS) - 1 else f"{CHAPTERS[i + 1]}.html"
     page = tab.visit(f"{name}.html")
-    assert page.locator("a.md-footer__link--prev").get_attribute("href") == before
-    assert page.locator("a.md-footer__link--next").get_attribute("href") == after
+    links = [page.locator(f"a.md-footer__link--{way}") for way in ("prev", "next")]
+    assert [link.count() for link in links] == [1, 1], "no previous and next links"
+    assert [link.get_attribute("href") for link in links] == [before, after]
 
 
 def test_the_home_page_introduces_the_book_and_numbers_the_chapters_through(tab) -> None:
