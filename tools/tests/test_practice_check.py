@@ -81,7 +81,7 @@ def test_a_broken_exercise_fails_its_chapter(practised: Path, name: str, text: s
     assert done.returncode == 1
     rows = _rows(done.stdout)
     assert rows["ch02"][-1] == "fail" and rows["ch01"][-1] == "pass (cached)"
-    assert f"── ch02_shout: practice ──\n{EXERCISE}{problem}\n" in done.stdout
+    assert f"── ch02_shout · practice: 1 wrong ──\n{EXERCISE}{problem}\n" in done.stdout
 
 
 def test_a_changed_judge_reruns_the_check(practised: Path) -> None:
