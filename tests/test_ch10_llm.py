@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from helpers import DENSE, build_llm, encode, greedy, hf_greedy
+from helpers import DENSE, build_llm, encode, greedy, hf_greedy, hf_model, hf_tokenizer
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from safetensors.torch import load_file, save_file
@@ -168,3 +168,58 @@ def test_an_eos_that_an_ignoring_request_ends_on_stays_in_the_text(tiny_models, 
     tok = llm.tokenizer
     assert out["token_ids"] == ref and tok.decode(ref) != tok.decode(ref[:4])
     assert out["text"] == tok.decode(ref)
+
+
+# ---- a real model: SmolLM2-135M-Instruct (examples/real_model.py) ---------------------------
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "user", "content": "Write a haiku about the sea."}],
+    [{"role": "system", "content": "You answer in one short sentence."},
+     {"role": "user", "content": "What does a GPU do?"},
+     {"role": "assistant", "content": "It runs many small computations at once."},
+     {"role": "user", "content": "And a CPU?"}],
+]
+
+
+def _chat_ids(path, messages):
+    return hf_tokenizer(path).apply_chat_template(messages, add_generation_prompt=True)[
+        "input_ids"]
+
+
+@torch.inference_mode()
+def _hf_reply(path, prompt_ids, n):
+    """transformers' greedy reply: up to ``n`` tokens, ending at its EOS if one comes first."""
+    ids = torch.tensor([prompt_ids])
+    out = hf_model(path).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                  do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def test_a_real_model_replies_as_transformers(real_model):
+    """Greedy replies to chat prompts, batched, token for token as transformers (float32): 30
+    layers, 9 query heads over 3 KV heads, a tied LM head, trained weights."""
+    prompts = [_chat_ids(real_model, chat) for chat in CHATS]
+    llm = build_llm(real_model)
+    out = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24))
+    llm.shutdown()
+    refs = [_hf_reply(real_model, p, 24) for p in prompts]
+    assert [o["token_ids"] for o in out] == refs
+    assert len(refs[1]) == 24  # the haiku runs to max_tokens: a reply long enough to go wrong
+
+
+def test_a_real_models_reply_ends_at_the_eos_of_its_generation_config(real_model):
+    """generation_config.json names <|im_end|>: the reply stops there (the EOS kept in its ids,
+    not in its text); with ignore_eos it runs on to max_tokens."""
+    eos = json.loads((real_model / "generation_config.json").read_text())["eos_token_id"]
+    assert eos == hf_tokenizer(real_model).convert_tokens_to_ids("<|im_end|>")
+    prompt = _chat_ids(real_model, CHATS[0])
+    llm = build_llm(real_model)
+    assert llm.scheduler.eos_token_ids == (eos,)
+    stopped = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=32))[0]
+    ignoring = llm.generate([prompt], greedy(len(stopped["token_ids"]) + 4))[0]
+    llm.shutdown()
+    ids = stopped["token_ids"]
+    assert len(ids) < 32 and ids[-1] == eos and eos not in ids[:-1]
+    assert ignoring["token_ids"][:len(ids)] == ids and len(ignoring["token_ids"]) == len(ids) + 4
+    assert "<|im_end|>" not in stopped["text"] and "Paris" in stopped["text"]

@@ -297,3 +297,18 @@ def test_the_tokenizer_imports_no_server_package():
                        env={"PYTHONPATH": env_path, "PATH": ""})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("messages", CONVERSATIONS)
+def test_a_real_models_chat_template_is_its_own(real_model, messages):
+    """SmolLM2-135M-Instruct (examples/real_model.py): ChatML, with a system turn of its own
+    where the conversation has none, and a byte-level BPE of 49,152 tokens."""
+    tok = hf_tokenizer(real_model)
+    assert len(tok) == 49152 and tok.decode(tok.encode("Café 😀")) == "Café 😀"
+    text = apply_chat_template(tok, messages)
+    assert text == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert tokenize_request(tok, messages=messages) == expected
+    assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+    own_system = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM"
+    assert text.startswith(own_system) == (messages[0]["role"] != "system")
