@@ -12,6 +12,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DENSE = ("llama3", "qwen2", "qwen3", "mistral")  # the families a dense decoder runs end to end
+# how long a process (a server, a worker) may take to start: mostly imports, which a loaded
+# machine slows tenfold; a start that takes longer is a hang
+START_TIMEOUT = 300.0
 
 
 def _quiet_transformers() -> None:

@@ -1,7 +1,7 @@
 """Chapter 12: processes and messages. Every message type survives msgpack; replies through real
 processes and sockets equal LLM.generate; an abort frees its pages; a dead worker, SIGTERM or an
 exit message stops every process with no socket file left; an idle scheduler sleeps. Every wait
-is bounded."""
+is on an event (a message, a process's end, a line), with a bound that a loaded machine meets."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ for _package in ("zmq", "msgpack"):
 
 import collections
 import os
+import select
 import signal
 import subprocess
 import sys
-import threading
 import time
+from pathlib import Path
 
 import msgpack
 import torch
-from helpers import ROOT, assert_pages_all_back, build_llm, greedy, hf_greedy
+from helpers import ROOT, START_TIMEOUT, assert_pages_all_back, build_llm, greedy, hf_greedy
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortBackendMsg,
@@ -46,7 +47,7 @@ from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 OPTIONS = dict(device="cpu", page_size=4, num_pages=256, max_running_req=8)
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
            "1 2 3 4 5"]
-TIMEOUT = 20.0  # seconds any single wait may take
+TIMEOUT = 30.0  # seconds a reply or a process's end may take (a start: START_TIMEOUT)
 
 
 # ---- messages --------------------------------------------------------------------------------
@@ -206,7 +207,7 @@ def _start(workers: Workers, path, **options) -> ZmqPullQueue:
     workers.start("tokenizer", tokenizer_worker, model_path=str(path),
                   inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
                   frontend_addr=workers.addr("frontend"))
-    workers.wait_ready(timeout=60)
+    workers.wait_ready(timeout=START_TIMEOUT)
     return recv
 
 
@@ -306,7 +307,7 @@ def test_a_killed_worker_stops_the_others_and_leaves_no_socket_file(tiny_models,
 
 
 SIGTERM_MAIN = """
-import sys, time
+import sys
 sys.path[:0] = [{python!r}]
 from minisgl.scheduler import SchedulerConfig
 from minisgl.scheduler.io import run_scheduler
@@ -322,10 +323,47 @@ if __name__ == "__main__":
                       inbox_addr=workers.addr("tokenizer"),
                       backend_addr=workers.addr("scheduler"),
                       frontend_addr=workers.addr("frontend"))
-        workers.wait_ready(timeout=60)
+        workers.wait_ready(timeout={timeout})
         print(workers.ipc_dir, *[p.pid for p in workers.procs.values()], flush=True)
-        time.sleep(60)
+        sys.stdin.read()  # serve until the test signals us (or its end closes our stdin)
 """
+
+
+@pytest.fixture(scope="module")
+def serving_mains(tiny_models, tmp_path_factory):
+    """Two copies of SIGTERM_MAIN, each a main process serving with its two workers: one for
+    SIGTERM, one for SIGKILL. Both start at once (most of a start is imports, on one core) and
+    each test waits only for its own."""
+    folder = tmp_path_factory.mktemp("mains")
+    script = folder / "serve.py"
+    script.write_text(SIGTERM_MAIN.format(python=str(ROOT / "python"), timeout=START_TIMEOUT,
+                                          path=str(tiny_models["mistral"])))
+    mains = {how: Main(folder / f"{how}.log", script) for how in ("SIGTERM", "SIGKILL")}
+    yield mains
+    for main in mains.values():  # a test that failed before its signal leaves its main running
+        main.proc.kill()
+        main.proc.wait()
+        main.proc.stdin.close()
+        main.proc.stdout.close()
+
+
+class Main:
+    """SIGTERM_MAIN in a subprocess, its stderr (and its workers') in a file."""
+
+    def __init__(self, log: Path, script: Path):
+        self.log = log
+        with open(log, "w") as err:
+            self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def serving(self) -> tuple[str, list[int]]:
+        """The socket directory and the workers' pids, once the main says it serves."""
+        bound = START_TIMEOUT + 10
+        ready, _, _ = select.select([self.proc.stdout], [], [], bound)
+        assert ready, f"no line from the main in {bound} s:\n{self.log.read_text()}"
+        ipc_dir, *pids = self.proc.stdout.readline().split()
+        assert pids, f"the main exited first:\n{self.log.read_text()}"
+        return ipc_dir, [int(pid) for pid in pids]
 
 
 CYCLE_MAIN = """
@@ -359,63 +397,48 @@ def test_a_queue_left_open_by_a_failure_is_closed_when_collected(tmp_path):
     script.write_text(CYCLE_MAIN.format(python=str(ROOT / "python"), path=str(tmp_path / "q")))
     try:
         out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                             timeout=TIMEOUT)
+                             timeout=START_TIMEOUT)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the collector hung on the open queue: {e.stdout!r}")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["open", "True", "closed", "True"]
 
 
-def test_sigterm_stops_every_process_with_a_message(tiny_models, tmp_path):
-    script = tmp_path / "serve.py"
-    script.write_text(SIGTERM_MAIN.format(python=str(ROOT / "python"),
-                                          path=str(tiny_models["mistral"])))
-    main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(2 * TIMEOUT, main.kill)  # so that readline cannot hang
-    watchdog.start()
-    try:
-        ipc_dir, *pids = main.stdout.readline().split()
-        main.send_signal(signal.SIGTERM)
-        _, err = main.communicate(timeout=TIMEOUT)
-    finally:
-        watchdog.cancel()
-        main.kill()
-    assert main.returncode == 1 and "SIGTERM received, stopping every process" in err
+def test_sigterm_stops_every_process_with_a_message(serving_mains):
+    main = serving_mains["SIGTERM"]
+    ipc_dir, pids = main.serving()
+    main.proc.send_signal(signal.SIGTERM)
+    assert main.proc.wait(timeout=TIMEOUT) == 1
+    assert "SIGTERM received, stopping every process" in main.log.read_text()
     assert len(pids) == 2 and not os.path.exists(ipc_dir)
-    for pid in map(int, pids):
+    for pid in pids:
         with pytest.raises(ProcessLookupError):  # gone, and reaped
             os.kill(pid, 0)
 
 
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's exit status may wait for a reaper)."""
+def _wait_ended(pid: int, timeout: float) -> bool:
+    """Whether the process ``pid`` (not our child: an orphan now) ends within ``timeout``: its
+    pidfd becomes readable when it exits, whoever reaps it."""
     try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs Linux's /proc")
-def test_workers_of_a_killed_main_process_exit_and_remove_their_socket_files(tiny_models,
-                                                                               tmp_path):
-    script = tmp_path / "serve.py"
-    script.write_text(SIGTERM_MAIN.format(python=str(ROOT / "python"),
-                                          path=str(tiny_models["mistral"])))
-    main = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    watchdog = threading.Timer(2 * TIMEOUT, main.kill)
-    watchdog.start()
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
     try:
-        ipc_dir, *pids = main.stdout.readline().split()
-        assert sorted(os.listdir(ipc_dir)) == ["scheduler", "tokenizer"]
+        return bool(select.select([fd], [], [], timeout)[0])
     finally:
-        watchdog.cancel()
-        main.kill()  # SIGKILL: nothing of it runs any more
-        main.wait()
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux's pidfd_open")
+def test_workers_of_a_killed_main_process_exit_and_remove_their_socket_files(serving_mains):
+    main = serving_mains["SIGKILL"]
+    ipc_dir, pids = main.serving()
+    assert sorted(os.listdir(ipc_dir)) == ["scheduler", "tokenizer"]
+    main.proc.kill()  # SIGKILL: nothing of it runs any more
+    main.proc.wait()
     deadline = time.monotonic() + TIMEOUT
-    while any(_running(int(pid)) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not any(_running(int(pid)) for pid in pids)  # they noticed their parent's end
+    for pid in pids:  # they notice their parent's end
+        assert _wait_ended(pid, max(0.0, deadline - time.monotonic())), f"{pid} still runs"
     assert os.listdir(ipc_dir) == []  # each removed the file it bound; the directory stays
     os.rmdir(ipc_dir)
 
@@ -424,6 +447,7 @@ def test_the_offline_path_imports_no_server_package():
     code = ("import sys, minisgl.llm, minisgl.scheduler.scheduler, minisgl.tokenizer; "
             "print(sorted({'zmq', 'msgpack'} & set(sys.modules)))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")}, timeout=60)
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+                         timeout=START_TIMEOUT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
