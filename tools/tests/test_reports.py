@@ -113,11 +113,14 @@ def test_the_rerun_command_runs_the_first_failing_test_on_the_learners_tree(book
     assert again.returncode == 0 and "1 passed" in again.stdout
 
 
-def test_the_books_own_failing_tree_is_kept_until_it_passes(book):
+WRONG_TEST = "def test_wrong():\n    assert 1 == 2\n"
+
+
+def test_the_books_own_failing_tree_is_kept_to_rerun_in_until_it_passes(book):
     good = (book / "tests/test_ch03_count.py").read_text()
-    write_files(book, {"tests/test_ch03_count.py": "def test_wrong():\n    assert 1 == 2\n"})
-    done = steps(book, "check", "3")
     kept = book / ".steps-cache/trees/ch03_count"
+    write_files(book, {"tests/test_ch03_count.py": WRONG_TEST})
+    done = steps(book, "check", "3")
     command = _rerun_command(done.stdout).strip()
     assert command.startswith(f"cd {kept} && PYTHONPATH=python ")
     again = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
@@ -125,11 +128,17 @@ def test_the_books_own_failing_tree_is_kept_until_it_passes(book):
     write_files(book, {"tests/test_ch03_count.py": good})
     assert steps(book, "check", "3").returncode == 0
     assert not kept.exists()
-    write_files(book, {"tests/test_ch03_count.py": "def test_wrong():\n    assert 1 == 2\n"})
+
+
+def test_a_pass_from_the_cache_clears_the_kept_tree_too(book):
+    good = (book / "tests/test_ch03_count.py").read_text()
+    kept = book / ".steps-cache/trees/ch03_count"
+    assert steps(book, "check", "3").returncode == 0  # cached as passing
+    write_files(book, {"tests/test_ch03_count.py": WRONG_TEST})
     assert steps(book, "check", "3").returncode == 1 and kept.exists()
     write_files(book, {"tests/test_ch03_count.py": good})
     assert "pass (cached)" in steps(book, "check", "3").stdout
-    assert not kept.exists()  # a pass from the cache clears it too
+    assert not kept.exists()
 
 
 # --- skips, counted -------------------------------------------------------------------------
