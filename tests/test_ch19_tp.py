@@ -5,13 +5,14 @@ the same greedy tokens as one rank for every dense tiny family; the server at --
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Iterator
 
 import pytest
 import tiny_models
 import torch
 import torch.multiprocessing as tmp
-from helpers import greedy
+from helpers import START_TIMEOUT, greedy
 
 DENSE = [name for name in tiny_models.FAMILIES if "moe" not in name]  # MoE: chapter 20
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8], list(range(30, 50)), [17]]
@@ -144,7 +145,15 @@ def _layers_on_rank(rank: int, addr: str) -> None:
 
 
 def test_parallel_layers_over_two_gloo_ranks_equal_the_whole(tmp_path):
-    tmp.spawn(_layers_on_rank, args=(f"file://{tmp_path}/init",), nprocs=2, join=True)
+    ranks = tmp.spawn(_layers_on_rank, args=(f"file://{tmp_path}/init",), nprocs=2, join=False)
+    deadline = time.monotonic() + START_TIMEOUT  # a rank that hangs in a collective fails it
+    try:
+        while not ranks.join(timeout=max(0.0, deadline - time.monotonic())):  # raises on a failure
+            assert time.monotonic() < deadline, f"the ranks still run after {START_TIMEOUT} s"
+    finally:
+        for proc in ranks.processes:
+            if proc.is_alive():
+                proc.kill()
 
 
 def _generate(llm: Any) -> list[list[int]]:
