@@ -18,12 +18,14 @@ from pathlib import Path
 import minisgl
 import pexpect
 import tiny_models
+import torch
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.tokenizer import tokenize_request
 from transformers.utils import logging
 
 logging.set_verbosity_error()
+torch.set_num_threads(1)  # as the shells' processes (OMP_NUM_THREADS): a tiny model needs no more
 FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "128"]
 MAX_TOKENS = 64  # the chat turns' replies (shown cut); the second shell's are as long as the
 LONG_REPLY = 100_000  # context allows (about 480 tokens), so that Ctrl-C lands mid-reply
@@ -32,16 +34,17 @@ LONG_REPLY = 100_000  # context allows (about 480 tokens), so that Ctrl-C lands 
 def start_shell(model: Path, tmp: str, max_tokens: int) -> pexpect.spawn:
     env = {**os.environ, "PYTHONPATH": str(Path(minisgl.__file__).parents[1]), "TMPDIR": tmp,
            "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", "MINISGL_SHELL_TEMPERATURE": "0",
-           "MINISGL_SHELL_MAX_TOKENS": str(max_tokens)}
+           "MINISGL_SHELL_MAX_TOKENS": str(max_tokens), "OMP_NUM_THREADS": "1"}
+    # bounds for a loaded machine, where loading the model takes tens of seconds
     return pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--shell",
-                                          *FLAGS], env=env, timeout=30, encoding="utf-8")
+                                          *FLAGS], env=env, timeout=120, encoding="utf-8")
 
 
 def wait_prompt(shell: pexpect.spawn) -> str:
     """What the shell printed up to its next prompt, once prompt_toolkit has taken the terminal
     (its raw mode turns the echo off; what is typed before that goes to the line discipline)."""
     shell.expect_exact(">>> ")
-    assert shell.waitnoecho(timeout=10), "prompt_toolkit never took the terminal"
+    assert shell.waitnoecho(timeout=60), "prompt_toolkit never took the terminal"
     return shell.before
 
 
