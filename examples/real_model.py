@@ -21,7 +21,8 @@ which compiles for many minutes) serve its plugin for ``llm``; the GGUF file nee
 
 Usage from code: ``make_real_model(directory) -> Path``, or ``cached_real_model() -> Path``,
 made once under ``~/.cache/minisgl`` (``$XDG_CACHE_HOME``) for each version of the package (the
-tests use it). This file imports no ``minisgl`` module: it is the same in every chapter's tree.
+tests use it; ``python examples/real_model.py --cached`` makes it ahead of them). This file
+imports no ``minisgl`` module: it is the same in every chapter's tree.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ def cached_real_model() -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python examples/real_model.py DIR")
+        sys.exit("usage: python examples/real_model.py DIR  (or --cached: the tests' copy)")
     try:
-        print(f"SmolLM2-135M-Instruct: {make_real_model(sys.argv[1])}")
+        made = cached_real_model() if sys.argv[1] == "--cached" else make_real_model(sys.argv[1])
+        print(f"SmolLM2-135M-Instruct: {made}")
     except MissingPackage as e:
         sys.exit(f"real_model.py: {e}")
