@@ -4,13 +4,14 @@
 `steps.py render` writes the chapter pages (code listings, tree, main and prints expanded, the
 figures beside them); this adds to each chapter page its practice exercises (the statement, an
 editor with the starter and a Run button that runs the tests in the reader's browser through
-Pyodide, or the command that judges it locally) and the "Edit this page · Report an issue"
-links from steps.yaml's `repository`, writes the home page (tools/site_assets/home.md and the
-chapters, numbered through the stages), then has mkdocs-material build the site with `--strict`,
-so a broken link fails the build as an unresolved directive does. The site makes no request
-beyond its own files: Pyodide's come from the npm package (`npm ci`, pinned in
-package-lock.json), the fonts are the reader's own, and the repository widget (which asks
-api.github.com) appears only once steps.yaml says `published: true`.
+Pyodide, or the command that judges it locally) and, once steps.yaml says `published: true`,
+the "Edit this page · Report an issue" links to its `repository`, writes the home page
+(tools/site_assets/home.md and the chapters, numbered through the stages), then has
+mkdocs-material build the site with `--strict`, so a broken link fails the build as an
+unresolved directive does. The site makes no request beyond its own files: Pyodide's come
+from the npm package (`npm ci`, pinned in package-lock.json), the fonts are the reader's own,
+and the repository widget (which asks api.github.com) appears only once steps.yaml says
+`published: true`.
 
 Needs the `site` extra (`pip install -e '.[site]'`) and `npm ci`.
 """
@@ -132,7 +133,10 @@ def exercises_section(exercises: list) -> str:
 # --- the pages --------------------------------------------------------------------------------
 
 
-def footer(repository: str, chapter: Chapter) -> str:
+def footer(repository: str | None, chapter: Chapter) -> str:
+    """The edit and issue links, none while the repository is not public (they would 404)."""
+    if repository is None:
+        return ""
     edit = f"{repository}/edit/{BRANCH}/{chapter.folder}/README.md"
     issue = f"{repository}/issues/new?title={quote(f'{chapter.id}: ')}"
     return (f"---\n\nFound a mistake or a better way to say it? [Edit this page on GitHub]({edit})"
@@ -160,7 +164,7 @@ def zoomable_figures(page: str) -> str:
     return FIGURE.sub(r'[![\1](\2)](\2){.figure-zoom title="Click to enlarge"}', page)
 
 
-def chapter_page(page: str, chapter: Chapter, exercises: list, repository: str) -> str:
+def chapter_page(page: str, chapter: Chapter, exercises: list, repository: str | None) -> str:
     page = page.replace("<details>", '<details markdown="1">')  # their answers are markdown
     page = zoomable_figures(site_sections(page))
     section = exercises_section(exercises)
@@ -263,9 +267,14 @@ def published(root: Path) -> bool:
     return flag
 
 
+def public_repository(root: Path) -> str | None:
+    """steps.yaml's `repository` once the book is published, else None."""
+    return repository_url(root) if published(root) else None
+
+
 def write_docs(book: Book, docs: Path) -> None:
     """Every page and file the site serves, into `docs`."""
-    repository = repository_url(book.root)
+    repository = public_repository(book.root)
     judge = load_judge(book.root)
     by_chapter = exercises_by_chapter(book, judge)
     render_book(book, docs)
@@ -311,7 +320,7 @@ def build(root: Path, out: Path) -> int:
         shutil.rmtree(source)
     docs = source / "docs"
     write_docs(book, docs)
-    repository = repository_url(root) if published(root) else None
+    repository = public_repository(root)
     config = mkdocs_config(book, repository, docs, out)
     (source / "mkdocs.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
                                        encoding="utf-8")
