@@ -12,6 +12,11 @@ from typing import Any, Iterator, Mapping
 # module imports triton (conftest is imported first).
 if not Path("/dev/nvidia0").exists():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# One thread per process (this one and the servers it starts), as `steps.py check` runs them:
+# the tiny models gain nothing from a second, and beside other jobs on two cores a second
+# thread made a step over ten times slower. Set before torch is imported.
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
 import pytest  # noqa: E402
 
