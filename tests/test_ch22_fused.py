@@ -1,0 +1,274 @@
+"""Chapter 22: the fused kernels (residual add + RMSNorm, sampling by the exponential race)
+against the torch formulas they replace.
+
+On a CPU they run in Triton's interpreter on small shapes; on CUDA also at Qwen3-0.6B's shapes
+(hidden 1024, batch 256, vocabulary 151,936).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List
+
+if not Path("/dev/nvidia0").exists():  # no GPU: interpret; it must be chosen before triton loads
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
+from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
+from minisgl.kernel.fused_sample import FusedSampler, race_sample  # noqa: E402
+from minisgl.layers.norm import RMSNormFused  # noqa: E402
+from minisgl.layers.norm import rms_norm as torch_rms_norm  # noqa: E402
+
+CUDA = torch.cuda.is_available()
+on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
+DEVICE = "cuda" if CUDA else "cpu"  # the small shapes run on the GPU too where there is one
+
+# Rounding to bfloat16 or float16 can land one step away from torch's (Triton's interpreter
+# truncates bfloat16; a GPU's rsqrt is not torch's): one step of the dtype for the sum, two for
+# the normalized row, which is rounded twice. A wrong eps moves the small rows far more.
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2**-7, torch.float16: 2**-10}
+
+
+# ---- residual add + RMSNorm --------------------------------------------------------------------
+
+
+def norm_inputs(rows: int, hidden: int, dtype: torch.dtype, device: str, seed: int):
+    """x, residual, weight: rows of very different sizes, so that a wrong eps shows: in the
+    rows scaled by 1e-3, mean(x^2) is about 1e-6, the size of eps itself."""
+    gen = torch.Generator().manual_seed(seed)
+    scale = torch.tensor([1.0, 1e-3, 30.0, 1e-3, 0.1])[torch.arange(rows) % 5, None]
+    x = torch.randn(rows, hidden, generator=gen) * scale
+    residual = torch.randn(rows, hidden, generator=gen) * scale
+    weight = 1.0 + 0.5 * torch.randn(hidden, generator=gen)
+    return (t.to(device, dtype) for t in (x, residual, weight))
+
+
+def assert_close(ours: torch.Tensor, reference: torch.Tensor, steps: int) -> None:
+    assert ours.dtype == reference.dtype and ours.shape == reference.shape
+    rtol = steps * TOLERANCE[ours.dtype]
+    torch.testing.assert_close(ours.float(), reference.float(), rtol=rtol, atol=1e-30)
+
+
+def check_add_rms_norm(rows: int, hidden: int, dtype: torch.dtype, device: str,
+                       seed: int = 0, eps: float = 1e-6) -> None:
+    """Against ``RMSNormFused.forward``: the sum within one step of the dtype, and the output
+    within two of the torch norm of that sum (the kernel's own sum, so that a sum one step off
+    does not add to the norm's steps)."""
+    x, residual, weight = norm_inputs(rows, hidden, dtype, device, seed)
+    torch_norm = RMSNormFused(hidden, eps)
+    torch_norm.weight = weight
+    want_residual = torch_norm.forward(x, residual)[1]
+    x_before = x.clone()
+    out, new_residual = add_rms_norm(x, residual, weight, eps)
+    assert new_residual.data_ptr() == residual.data_ptr()  # the sum went back in place
+    assert_close(new_residual, want_residual, steps=1)
+    assert_close(out, torch_norm.forward(new_residual)[0], steps=2)
+    assert torch.equal(x, x_before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows, hidden", [(1, 8), (5, 300), (3, 128), (4, 100)])
+def test_add_rms_norm_equals_the_torch_formula(rows, hidden, dtype):
+    check_add_rms_norm(rows, hidden, dtype, DEVICE, seed=rows * hidden)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(5, 24), (2, 3, 96), (1, 257)])
+def test_rms_norm_equals_the_torch_formula(shape, dtype):
+    """Plain RMSNorm through the same kernel, on any leading shape (q/k norm: [T, heads, D])."""
+    hidden = shape[-1]
+    x, _, weight = norm_inputs(int(torch.tensor(shape[:-1]).prod()), hidden, dtype, DEVICE, 1)
+    x = x.view(shape)
+    assert_close(rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6), steps=2)
+
+
+def test_rms_norm_reads_strided_rows():
+    """A view with rows further apart than their length (a slice of a wider tensor)."""
+    x, _, weight = norm_inputs(4, 40, torch.float32, DEVICE, 2)
+    wide = torch.cat([x, torch.full_like(x, float("nan"))], dim=1)[:, :40]
+    assert_close(rms_norm(wide, weight, 1e-5), torch_rms_norm(x, weight, 1e-5), steps=2)
+
+
+@on_cuda
+@pytest.mark.parametrize("rows", [1, 256, 8192])
+def test_add_rms_norm_at_qwen3_shapes(rows):
+    check_add_rms_norm(rows, 1024, torch.bfloat16, "cuda")
+    check_add_rms_norm(rows, 1024, torch.float32, "cuda")
+
+
+@on_cuda
+def test_qk_rms_norm_at_qwen3_shapes():
+    x, _, weight = norm_inputs(256 * 24, 128, torch.bfloat16, "cuda", 3)
+    x = x.view(256, 24, 128)
+    assert_close(rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6), steps=2)
+
+
+# ---- sampling ----------------------------------------------------------------------------------
+
+
+def batch_args(params: List[SamplingParams], seeds: List[int | None] | None = None,
+               device: str = DEVICE) -> BatchSamplingArgs:
+    args = BatchSamplingArgs.from_params(params, device)
+    args.row_seeds = seeds if seeds is not None else [None] * len(params)
+    return args
+
+
+def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
+    keep = expected > 0
+    return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
+
+
+def sample_counts(sampler: FusedSampler, logits: torch.Tensor, params: SamplingParams,
+                  n: int) -> torch.Tensor:
+    """Counts of n draws from one row of logits repeated n times, each row unseeded."""
+    args = batch_args([params] * n)
+    tokens = sampler.sample(logits.to(DEVICE).expand(n, -1), args)
+    return torch.bincount(tokens.cpu(), minlength=logits.shape[0]).double()
+
+
+# Six tokens, n = 200 draws at T = 2: every expected count is 6.8 or more. With 5 degrees of
+# freedom, a statistic above 25 has a chance below 2e-4; the same draws at T = 1 score about 55.
+LOGITS = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0])
+
+
+def test_frequencies_follow_softmax_at_the_temperature():
+    n, temperature = 200, 2.0
+    counts = sample_counts(FusedSampler(DEVICE, seed=1), LOGITS, SamplingParams(temperature), n)
+    probs = torch.softmax(LOGITS.double() / temperature, -1)
+    assert chi_square(counts, n * probs) < 25.0
+    for wrong in (1.0, 4.0):  # the bound tells a wrong temperature apart
+        assert chi_square(counts, n * torch.softmax(LOGITS.double() / wrong, -1)) > 40.0
+
+
+def test_frequencies_follow_the_top_p_filter():
+    """top_p = 0.8 at T = 1 keeps the two most likely tokens (63 % and 23 % of the mass)."""
+    n = 120
+    params = SamplingParams(temperature=1.0, top_p=0.8)
+    counts = sample_counts(FusedSampler(DEVICE, seed=2), LOGITS, params, n)
+    probs = torch.softmax(LOGITS.double(), -1)
+    kept = torch.tensor([True, True, False, False, False, False])
+    assert counts[~kept].sum() == 0
+    assert chi_square(counts, n * torch.where(kept, probs, 0.0) / probs[kept].sum()) < 15.0
+
+
+@on_cuda
+@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, -1, 1.0), (1.3, 4, 1.0),
+                                                       (1.0, -1, 0.9)])
+def test_frequencies_on_cuda(temperature, top_k, top_p):
+    """The same at n = 100,000 draws, beside chapter 4's reference filter."""
+    from test_ch04_sampling import reference_keep
+
+    n, logits = 100_000, torch.tensor([2.0, 1.5, 1.2, 1.0, 0.7, 0.5, 0.2, 0.0, -0.5, -1.0])
+    params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+    counts = sample_counts(FusedSampler("cuda", seed=4), logits, params, n)
+    probs = torch.softmax(logits.double() / temperature, -1)
+    keep = torch.tensor(reference_keep(probs.tolist(), top_k, top_p))
+    assert counts[~keep].sum() == 0
+    assert chi_square(counts, n * torch.where(keep, probs, 0.0) / probs[keep].sum()) < 35.0
+    assert chi_square(counts, n * torch.softmax(logits.double(), -1)) > 200.0
+
+
+def mixed_params(num_rows: int) -> List[SamplingParams]:
+    """Greedy rows among sampled ones, some with top-k or top-p, greedy ones too."""
+    kinds = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams(top_k=3),
+             SamplingParams(temperature=1.2, top_p=0.9), SamplingParams(temperature=0.6)]
+    return [kinds[row % len(kinds)] for row in range(num_rows)]
+
+
+def check_greedy_rows(num_rows: int, vocab: int, dtype: torch.dtype, device: str) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(num_rows, vocab, generator=gen)
+    logits[0, [vocab // 3, vocab - 1]] = logits[0].max() + 1.0  # a tie: the first one wins
+    logits = logits.to(device, dtype)
+    params = mixed_params(num_rows)
+    tokens = FusedSampler(device, seed=0).sample(logits, batch_args(params, device=device))
+    greedy = torch.tensor([p.is_greedy for p in params], device=device)
+    assert tokens.dtype == torch.int64 and tokens.shape == (num_rows,)
+    assert torch.equal(tokens[greedy], logits.argmax(-1)[greedy])
+    assert tokens[0] == vocab // 3
+    assert ((tokens >= 0) & (tokens < vocab)).all()
+
+
+@pytest.mark.parametrize("num_rows, vocab", [(1, 7), (5, 300), (3, 5000)])
+def test_greedy_rows_take_the_argmax(num_rows, vocab):
+    check_greedy_rows(num_rows, vocab, torch.float32, DEVICE)
+
+
+def flat_logits(num_rows: int, vocab: int, device: str) -> torch.Tensor:
+    """Near-uniform rows: any change to a row's noise changes its token, almost surely."""
+    return (0.1 * torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(7))
+            ).to(device)
+
+
+def check_seeded_rows_repeat(num_rows: int, vocab: int, device: str) -> None:
+    """Seeded rows draw the same tokens in another order, beside other rows, from a sampler of
+    another seed; the unseeded rows of the batch draw apart from one another."""
+    logits = flat_logits(num_rows, vocab, device)
+    params = [SamplingParams(temperature=1.0)] * num_rows
+    seeds: List[int | None] = [row * 7919 if row % 2 else None for row in range(num_rows)]
+    first = FusedSampler(device, seed=0).sample(logits, batch_args(params, seeds, device))
+    order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(1)).tolist()
+    shuffled = FusedSampler(device, seed=1).sample(
+        logits[order], batch_args(params, [seeds[i] for i in order], device))
+    again = torch.empty_like(shuffled).scatter_(0, torch.tensor(order, device=device), shuffled)
+    seeded = torch.tensor([s is not None for s in seeds], device=device)
+    assert torch.equal(again[seeded], first[seeded])
+    assert not torch.equal(again[~seeded], first[~seeded])  # the unseeded draw afresh
+    same_logits = logits[:1].expand(num_rows, -1)  # every row alike: only the noise differs
+    tokens = FusedSampler(device, seed=0).sample(same_logits, batch_args(params, None, device))
+    assert len(set(tokens.tolist())) > num_rows // 2
+
+
+def test_seeded_rows_repeat_in_any_batch_order():
+    check_seeded_rows_repeat(6, 300, DEVICE)
+
+
+def check_seed_moves_no_neighbour(num_rows: int, vocab: int, device: str) -> None:
+    """The same sampler seed and batch, but one row given a seed: the other rows' tokens stay."""
+    logits = flat_logits(num_rows, vocab, device)
+    params = [SamplingParams(temperature=1.0)] * num_rows
+    unseeded: List[int | None] = [None] * num_rows
+    one_seeded = list(unseeded)
+    one_seeded[1] = 12345
+    before = FusedSampler(device, seed=3).sample(logits, batch_args(params, unseeded, device))
+    after = FusedSampler(device, seed=3).sample(logits, batch_args(params, one_seeded, device))
+    others = torch.arange(num_rows, device=device) != 1
+    assert torch.equal(after[others], before[others])
+    assert after[1] != before[1]  # the seed did change its own row's draw
+
+
+def test_a_seeded_row_leaves_its_neighbours_draws():
+    check_seed_moves_no_neighbour(5, 300, DEVICE)
+
+
+def test_same_sampler_seed_same_draws_and_the_generator_moves_on():
+    logits = flat_logits(3, 200, DEVICE)
+    args = batch_args([SamplingParams(temperature=1.0)] * 3)
+    a, b, c = FusedSampler(DEVICE, seed=7), FusedSampler(DEVICE, seed=7), FusedSampler(DEVICE, 8)
+    draws_a = [a.sample(logits, args) for _ in range(2)]
+    assert all(torch.equal(x, b.sample(logits, args)) for x in draws_a)
+    assert not torch.equal(draws_a[0], draws_a[1])
+    assert not all(torch.equal(x, c.sample(logits, args)) for x in draws_a)
+
+
+def test_race_sample_leaves_its_inputs():
+    logits = flat_logits(4, 50, DEVICE)
+    args = batch_args([SamplingParams(temperature=0.8, top_k=5)] * 4)
+    before = logits.clone()
+    FusedSampler(DEVICE).sample(logits, args)
+    assert torch.equal(logits, before)
+    greedy = torch.ones(4, dtype=torch.bool, device=DEVICE)
+    seeds = torch.zeros(4, dtype=torch.int64, device=DEVICE)
+    assert torch.equal(race_sample(logits, args.temperatures, greedy, seeds), logits.argmax(-1))
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampling_at_qwen3_shapes(dtype):
+    check_greedy_rows(256, 151_936, dtype, "cuda")
+    check_seeded_rows_repeat(256, 151_936, "cuda")
+    check_seed_moves_no_neighbour(256, 151_936, "cuda")
