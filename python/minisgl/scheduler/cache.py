@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 
@@ -26,6 +26,7 @@ class CacheManager:
         self.page_table = page_table
         self.prefix_cache = prefix_cache
         self._ring = torch.arange(num_pages, dtype=torch.int32, device=page_table.device)
+        self._offsets = torch.arange(page_size, dtype=torch.int32, device=page_table.device)
         self._head = 0  # the ring's index of the next page to hand out
         self._num_free = num_pages  # free pages: ring[head], ring[head + 1], ... (mod num_pages)
 
@@ -49,14 +50,27 @@ class CacheManager:
         self.prefix_cache.lock_handle(handle, unlock=True)
 
     def allocate(self, reqs: List[Req]) -> None:
-        """Pages for every request's positions [cached_len, device_len), into its row."""
-        size = self.page_size
-        offsets = torch.arange(size, dtype=torch.int32, device=self.page_table.device)
+        """Pages for every request's positions [cached_len, device_len), into its row.
+
+        The step's pages are taken at once and written with one scatter: where each new slot
+        goes in the page table is host arithmetic, sent in one copy, so the device's work does
+        not grow with the number of requests that cross a page boundary.
+        """
+        size, width = self.page_size, self.page_table.shape[1]
+        starts: List[int] = []  # the page table's flat index of each new page's first slot
         for req in reqs:
             first, last = div_ceil(req.cached_len, size), div_ceil(req.device_len, size)
-            if last > first:
-                slots = (self._take(last - first)[:, None] * size + offsets).flatten()
-                self.page_table[req.table_idx, first * size : last * size] = slots
+            row = req.table_idx * width
+            starts.extend(range(row + first * size, row + last * size, size))
+        if not starts:
+            return
+        where = (torch.tensor(starts)[:, None] + torch.arange(size)).flatten()
+        on_gpu = self.page_table.device.type == "cuda"
+        where = where.pin_memory() if on_gpu else where  # pinned: the copy waits for nothing
+        pages = self._take(len(starts))
+        slots = torch.add(self._offsets, pages[:, None], alpha=size)  # [pages, size]
+        self.page_table.view(-1)[where.to(self.page_table.device, non_blocking=True)] = (
+            slots.flatten())
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Give the request's cached tokens to the prefix cache. Finished: it unlocks them and
@@ -108,7 +122,7 @@ class CacheManager:
                                f"{self.available_pages - self._num_free} evictable")
         if n > self._num_free:
             self._free(self.prefix_cache.evict((n - self._num_free) * self.page_size))  # tokens
-        pages = self._ring[self._ring_index(self._head, n)]
+        pages = torch.cat(self._ring_segments(self._head, n))
         self._head = (self._head + n) % self.num_pages
         self._num_free -= n
         return pages
@@ -116,13 +130,19 @@ class CacheManager:
     def _free(self, slots: torch.Tensor) -> None:
         """Give back the pages of ``slots`` (whole pages: they start on a page boundary)."""
         pages = slots[:: self.page_size] // self.page_size
-        self._ring[self._ring_index(self._head + self._num_free, len(pages))] = pages.to(
-            self._ring.dtype)
+        before_end, wrapped = self._ring_segments(self._head + self._num_free, len(pages))
+        before_end.copy_(pages[: len(before_end)])
+        wrapped.copy_(pages[len(before_end) :])
         self._num_free += len(pages)
 
-    def _ring_index(self, start: int, n: int) -> torch.Tensor:
-        """Positions start, start + 1, ..., start + n - 1 of the ring, wrapped around."""
-        return torch.arange(start, start + n, device=self._ring.device) % self.num_pages
+    def _ring_segments(self, start: int, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Positions start, start + 1, ..., start + n - 1 of the ring (mod its length), as two
+        views: those before the ring's end, then those wrapped around to its start (often none).
+        Views, not an index tensor: reading or writing them is one copy, with no index to build.
+        """
+        start %= self.num_pages
+        end = min(start + n, self.num_pages)
+        return self._ring[start:end], self._ring[: n - (end - start)]
 
     def _free_page_list(self) -> torch.Tensor:
-        return self._ring[self._ring_index(self._head, self._num_free)]
+        return torch.cat(self._ring_segments(self._head, self._num_free))
