@@ -48,13 +48,15 @@ class TritonAttnBackend(BaseAttnBackend):
         self._graph_lens = torch.zeros(5, max_bs, dtype=torch.int32, device=self.device)
 
     def prepare_metadata(self, batch: Batch) -> None:
-        """One host-to-device copy of the batch's lengths, made from the requests' own counts."""
+        """One host-to-device copy of the batch's lengths, made from the requests' own counts,
+        from pinned memory on a GPU: a copy from pageable memory may wait for the device."""
         cached = [r.cached_len for r in batch.reqs]
         extend = [r.extend_len for r in batch.reqs]
         starts = [0, *accumulate(extend[:-1])]  # where each request's new tokens begin
         rows = [r.table_idx for r in batch.reqs]
         seq = [c + e for c, e in zip(cached, extend)]
-        host = torch.tensor([rows, cached, extend, seq, starts], dtype=torch.int32)
+        host = torch.tensor([rows, cached, extend, seq, starts], dtype=torch.int32,
+                            pin_memory=self.device.type == "cuda")
         is_decode = not batch.is_prefill and max(extend) == 1
         if is_decode and self._graph_lens is not None and batch.size <= self._graph_lens.shape[1]:
             lens = self._graph_lens[:, : batch.size]
