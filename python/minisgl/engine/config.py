@@ -16,7 +16,9 @@ class EngineConfig:
     num_pages: int | None = None  # KV pages; None: as many as the memory budget allows
     memory_ratio: float = 0.9  # on a GPU: the share of free memory for weights and KV
     cpu_kv_bytes: int = 256 << 20  # on a CPU: the KV budget in bytes (when num_pages is None)
-    max_running_req: int = 64  # rows of the page table: requests in flight at once
+    # rows of the page table: requests in flight at once; 256, as upstream's default, so that
+    # a decode batch fills the largest CUDA graph (chapter 17) and the GPU's bandwidth
+    max_running_req: int = 256
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # "torch"; "auto": the best one for the device
     moe_backend: str = "auto"  # "torch", "fused", "fast"; "auto": fast on a GPU (chapter 21)
