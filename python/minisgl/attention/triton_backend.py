@@ -45,24 +45,31 @@ class TritonAttnBackend(BaseAttnBackend):
     def init_graph_buffers(self, max_bs: int) -> None:
         """Decode metadata lives in one buffer from now on: a graph reads it where the capture
         found it, so each step writes its values there."""
-        self._graph_lens = torch.zeros(5, max_bs, dtype=torch.int32, device=self.device)
+        self._graph_lens = torch.zeros(5, _aligned(max_bs), dtype=torch.int32, device=self.device)
 
     def prepare_metadata(self, batch: Batch) -> None:
         """One host-to-device copy of the batch's lengths, made from the requests' own counts,
-        from pinned memory on a GPU: a copy from pageable memory may wait for the device."""
+        from pinned memory on a GPU: a copy from pageable memory may wait for the device.
+
+        Zeros pad each of the five rows to a multiple of 4 entries, so that every row starts
+        16-byte aligned: Triton compiles a kernel anew for a pointer that is not, so unpadded, a
+        batch of odd size or of 2 mod 4 compiled an extend kernel of its own in mid-run.
+        """
         cached = [r.cached_len for r in batch.reqs]
         extend = [r.extend_len for r in batch.reqs]
         starts = [0, *accumulate(extend[:-1])]  # where each request's new tokens begin
         rows = [r.table_idx for r in batch.reqs]
         seq = [c + e for c, e in zip(cached, extend)]
-        host = torch.tensor([rows, cached, extend, seq, starts], dtype=torch.int32,
-                            pin_memory=self.device.type == "cuda")
+        pad = [0] * (_aligned(batch.size) - batch.size)
+        host = torch.tensor([x + pad for x in (rows, cached, extend, seq, starts)],
+                            dtype=torch.int32, pin_memory=self.device.type == "cuda")
         is_decode = not batch.is_prefill and max(extend) == 1
         if is_decode and self._graph_lens is not None and batch.size <= self._graph_lens.shape[1]:
-            lens = self._graph_lens[:, : batch.size]
+            lens = self._graph_lens[:, : host.shape[1]]
             lens.copy_(host, non_blocking=True)
         else:
             lens = host.to(self.device, non_blocking=True)
+        lens = lens[:, : batch.size]
         batch.attn_metadata = TritonAttnMetadata(
             rows=lens[0], cached_lens=lens[1], extend_lens=lens[2], seq_lens=lens[3],
             q_starts=lens[4], max_extend_len=max(extend), is_decode=is_decode)
@@ -80,3 +87,8 @@ class TritonAttnBackend(BaseAttnBackend):
         return extend_attention(q, k_cache, v_cache, ctx.page_table, meta.rows, meta.cached_lens,
                                 meta.extend_lens, meta.q_starts, meta.max_extend_len,
                                 self.sm_scale)
+
+
+def _aligned(n: int) -> int:
+    """n rounded up to a multiple of 4: that many int32 fill whole 16-byte units."""
+    return -(-n // 4) * 4
