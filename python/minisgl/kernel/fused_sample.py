@@ -24,6 +24,17 @@ BLOCK_V = 4096  # tokens a stage-1 program races: 38 blocks a row at a vocabular
 
 
 @triton.jit
+def _uniforms(seed, start, BLOCK: tl.constexpr):
+    """BLOCK floats strictly inside (0, 1) for tokens start .. start + BLOCK - 1 (start a multiple
+    of 4). Token t gets output t % 4 of Philox's call at counter t // 4: a quarter of the calls
+    (ten rounds of multiplies each) of one call a token, and still a function of (seed, t)."""
+    r0, r1, r2, r3 = tl.randint4x(seed, start // 4 + tl.arange(0, BLOCK // 4))
+    bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK,))  # r0[q] at 4q, ...
+    # 24 random bits, centred in their step: never exactly 0 or 1, so -log(u) is finite and > 0
+    return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@triton.jit
 def _race_blocks_kernel(
     logits, temperatures, greedy, seeds, best_score, best_index, stride_row, vocab,
     BLOCK: tl.constexpr,
@@ -36,11 +47,8 @@ def _race_blocks_kernel(
     x = tl.load(logits + row.to(tl.int64) * stride_row + cols, mask=mask, other=float("-inf"))
     score = x.to(tl.float32)
     if tl.load(greedy + row) == 0:
-        # 24 random bits, centred in their step: u lies strictly inside (0, 1), so E = -log(u)
-        # is finite and positive (a float uniform can round to exactly 0 or 1)
-        bits = tl.randint(tl.load(seeds + row), cols) >> 8
-        u = (bits.to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-        score = score / tl.load(temperatures + row) - tl.log(-tl.log(u))
+        exp1 = -tl.log(_uniforms(tl.load(seeds + row), block * BLOCK, BLOCK))  # E ~ Exp(1)
+        score = score / tl.load(temperatures + row) - tl.log(exp1)
     i = tl.argmax(score, axis=0)  # the first of equal scores, as torch.argmax takes
     num_blocks = tl.num_programs(1)
     tl.store(best_score + row * num_blocks + block, tl.max(score, axis=0))
@@ -70,7 +78,7 @@ def race_sample(logits: torch.Tensor, temperatures: torch.Tensor, greedy: torch.
     out = torch.empty(num_rows, dtype=torch.int64, device=logits.device)
     if num_rows == 0:
         return out
-    block = min(BLOCK_V, triton.next_power_of_2(vocab))
+    block = min(BLOCK_V, max(16, triton.next_power_of_2(vocab)))  # 4 tokens a Philox call
     num_blocks = triton.cdiv(vocab, block)
     best_score = torch.empty(num_rows, num_blocks, dtype=torch.float32, device=logits.device)
     best_index = torch.empty(num_rows, num_blocks, dtype=torch.int32, device=logits.device)
