@@ -197,6 +197,27 @@ def test_a_steps_pages_land_where_a_request_by_request_loop_puts_them():
     assert cache._free_page_list().tolist() == list(queue)
 
 
+def test_a_steps_allocation_runs_as_many_tensor_operations_for_2_requests_as_for_40():
+    """The device work of ``allocate`` does not grow with the requests that cross a page
+    boundary: counted by torch's profiler, 40 such requests run the operations 2 do."""
+    from minisgl.core import Req
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+
+    def operations(crossing: int) -> int:
+        size = 4
+        table = torch.zeros(41, 16, dtype=torch.int32)
+        cache = CacheManager(200, size, table, create_prefix_cache("naive", size))
+        reqs = [Req(i, list(range(5)), SamplingParams(max_tokens=1), table_idx=i, cached_len=4)
+                for i in range(crossing)]  # position 4 starts their second page
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            cache.allocate(reqs)
+        assert cache.num_free_pages == 200 - crossing
+        return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+    assert operations(40) == operations(2)
+
+
 def test_a_request_finished_in_the_lagged_step_is_given_back_once(tiny_models):
     """EOS at batch k is known only after batch k+1 has been launched with the request in it:
     its extra token is dropped, its row and pages are given back once, after batch k+1."""
