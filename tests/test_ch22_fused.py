@@ -135,7 +135,8 @@ def sample_counts(sampler: FusedSampler, logits: torch.Tensor, params: SamplingP
 
 # Six tokens, n = 200 draws at T = 2: every expected count is 6.8 or more. With 5 degrees of
 # freedom, a statistic above 25 has a chance below 2e-4; against the probabilities at T = 1 (the
-# temperature ignored) or at T = 8, the same draws score about 130 and 68 on average.
+# temperature ignored) the same draws score about 130 on average (standard deviation 23), and at
+# T = 0.5 (multiplied by, not divided) over 9,000.
 LOGITS = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0])
 
 
@@ -144,7 +145,7 @@ def test_frequencies_follow_softmax_at_the_temperature():
     counts = sample_counts(FusedSampler(DEVICE, seed=1), LOGITS, SamplingParams(temperature), n)
     probs = torch.softmax(LOGITS.double() / temperature, -1)
     assert chi_square(counts, n * probs) < 25.0
-    for wrong in (0.5, 1.0, 8.0):  # the bound tells a wrong temperature apart
+    for wrong in (0.5, 1.0):  # the bound tells a wrong temperature apart
         assert chi_square(counts, n * torch.softmax(LOGITS.double() / wrong, -1)) > 40.0
 
 

@@ -98,6 +98,8 @@ class FusedSampler(Sampler):
 
     def sample(self, logits: torch.Tensor, args: BatchSamplingArgs) -> torch.Tensor:
         """logits: [B, V] -> token ids [B] (int64)."""
+        if args.all_greedy:  # torch's argmax is faster here: 69 against 88 us (bench_fused.py)
+            return logits.argmax(dim=-1)
         temperatures = args.temperatures
         if args.any_filter:
             logits, temperatures = self._filtered(logits, args)
