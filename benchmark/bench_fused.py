@@ -13,6 +13,8 @@ must move at ``--hbm-tbps``). Cases:
 - sampling over [256, 151,936] float32 logits (the engine samples from float32): ``Sampler``
   against ``FusedSampler``, all rows greedy, all at T = 0.7, half greedy and half at T = 0.7,
   and all at T = 0.7 with top-p 0.9 (the fused sampler's filter rows take the torch sort too).
+  An all-greedy batch takes torch's argmax in both, so a last case times the race kernel
+  (``race_sample``) on greedy rows against that argmax.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs, Sampler  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
-from minisgl.kernel.fused_sample import FusedSampler  # noqa: E402
+from minisgl.kernel.fused_sample import FusedSampler, race_sample  # noqa: E402
 from minisgl.layers.norm import RMSNormFused  # noqa: E402
 from minisgl.layers.norm import rms_norm as torch_rms_norm  # noqa: E402
 
@@ -81,6 +83,11 @@ def sample_cases() -> List[Case]:
                       lambda s=torch_sampler, a=args: s.sample(logits, a),
                       lambda s=fused, a=args: s.sample(logits, a),
                       logits.numel() * logits.element_size()))
+    greedy = torch.ones(BATCH, dtype=torch.bool, device="cuda")
+    ones, seeds = torch.ones(BATCH, device="cuda"), torch.zeros_like(greedy, dtype=torch.int64)
+    cases.append((f"race kernel [{BATCH}, {VOCAB}], greedy", lambda: logits.argmax(dim=-1),
+                  lambda: race_sample(logits, ones, greedy, seeds),
+                  logits.numel() * logits.element_size()))
     return cases
 
 
