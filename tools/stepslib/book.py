@@ -66,6 +66,7 @@ class Book:
     package_root: str
     support: tuple[str, ...]  # book-wide files outside the package, in every tree
     chapters: list[Chapter]
+    preload: tuple[str, ...] = ()  # modules a warm Python imports once for every main and test
     history: dict[str, list[Write]] = field(default_factory=dict)  # path -> versions, in order
     added_in: dict[str, Chapter] = field(default_factory=dict)  # path -> chapter that adds it
     early_in: dict[str, Chapter] = field(default_factory=dict)  # path -> chapter bringing it early
@@ -121,6 +122,7 @@ def load_book(root: Path) -> Book:
         package_root=_field(top, "package_root", str),
         support=tuple(_field(top, "support", list, default=[])),
         chapters=[],
+        preload=_strings(top, "preload"),
     )
     for stage in _field(top, "stages", list):
         stage = _expect(stage, _Map, "a stage", top.line)

@@ -16,6 +16,7 @@ command the report prints can re-run its first failing test by hand.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -32,13 +33,14 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
 from . import runner
 from .book import Book, Chapter
 from .imports import Closure, Forward, Problem, module_name
 from .render import PRINTS, TEXT, text_problems
 from .tree import package_files, tree_at, write_tree
+from .warm import WarmPython
 
 CACHE = ".steps-cache/results"
 TREES = ".steps-cache/trees"  # a chapter's tree, kept while its tests fail, to re-run them in
@@ -78,7 +80,8 @@ class Result:
         self.details.append((heading or f"{step}: {outcome}", detail))
 
 
-def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
+def check_chapter(book: Book, chapter: Chapter, options: Options,
+                  warm: WarmPython | None = None) -> Result:
     result = Result(chapter)
     if chapter.requires == "gpu" and not runner.has_gpu():
         return Result(chapter, "skip", "needs a GPU")
@@ -101,8 +104,8 @@ def check_chapter(book: Book, chapter: Chapter, options: Options) -> Result:
             tree = Path(scratch)
             write_tree(tree_at(book, chapter, package=options.against is None), tree)
             python = options.against / "python" if options.against else tree / "python"
-            _check_main(book, chapter, tree, python, options, result)
-            _check_tests(book, chapter, tree, python, options, result)
+            _check_main(book, chapter, tree, python, options, result, warm)
+            _check_tests(book, chapter, tree, python, options, result, warm)
             _keep_while_failing(tree, kept_tree(book, chapter, options), result)
     return result
 
@@ -181,9 +184,9 @@ def _judge(book: Book) -> Any:
 
 
 def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
-                result: Result) -> None:
+                result: Result, warm: WarmPython | None) -> None:
     gpu = chapter.requires == "gpu"
-    outcome = runner.run_main(tree, chapter.main, python, gpu)
+    outcome = runner.run_main(tree, chapter.main, python, gpu, warm)
     prints = f"{chapter.folder}/{PRINTS}"
     run = f"{options.tool} run {chapter.id}" + (
         f" --against {shlex.quote(str(options.against))}" if options.against else "")
@@ -207,13 +210,13 @@ def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, options:
 
 
 def _check_tests(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
-                 result: Result) -> None:
+                 result: Result, warm: WarmPython | None) -> None:
     chapters = book.upto(chapter) if options.cumulative else [chapter]
     tests = [t for c in chapters for t in c.tests]
     if not tests:
         result.fail("tests", "none", f"{chapter.id} lists no tests")
         return
-    outcome = runner.run_tests(tree, tests, python, chapter.requires == "gpu")
+    outcome = runner.run_tests(tree, tests, python, chapter.requires == "gpu", warm)
     result.tests = outcome.tests
     if outcome.ok:
         result.steps["tests"] = outcome.summary
@@ -341,8 +344,10 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
         else:
             todo.append((chapter, key))
     display = _Progress(progress, len(chapters), len(results))
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_timed, display, book, c, options): (c, key) for c, key in todo}
+    workers = max(1, jobs)
+    with _warm_python(book, todo, options) as warm, ThreadPoolExecutor(workers) as pool:
+        futures = {pool.submit(_timed, display, book, c, options, warm): (c, key)
+                   for c, key in todo}
         for future in as_completed(futures):
             chapter, key = futures[future]
             result = future.result()
@@ -354,11 +359,28 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
     return [results[c.id] for c in chapters]
 
 
-def _timed(display: _Progress, book: Book, chapter: Chapter, options: Options) -> Result:
+@contextlib.contextmanager
+def _warm_python(book: Book, todo: list[tuple[Chapter, str | None]],
+                 options: Options) -> Iterator[WarmPython | None]:
+    """A warm server for the mains and tests to come, when the book names modules to preload and
+    some chapters will run off the GPU."""
+    cpu = [chapter for chapter, _ in todo if chapter.requires != "gpu"]
+    if options.static or not book.preload or not cpu:
+        yield None
+        return
+    warm = WarmPython(runner.server_env(), book.preload)
+    try:
+        yield warm
+    finally:
+        warm.close()
+
+
+def _timed(display: _Progress, book: Book, chapter: Chapter, options: Options,
+           warm: WarmPython | None) -> Result:
     display.start(chapter)
     start = time.monotonic()
     try:
-        result = check_chapter(book, chapter, options)
+        result = check_chapter(book, chapter, options, warm)
     except Exception as e:  # a crash of one chapter's check is that chapter's failure
         result = Result(chapter)
         result.fail("check", "crashed", f"{type(e).__name__}: {e}")

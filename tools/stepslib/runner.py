@@ -21,6 +21,7 @@ from pathlib import Path
 
 from .book import Chapter
 from .report import cut, failure_report
+from .warm import WarmGone, WarmPython
 
 MAIN_TIMEOUT = 600
 TESTS_TIMEOUT = 1800
@@ -80,10 +81,37 @@ def count_outcomes(tests: list[Test]) -> str:
     return ", ".join(f"{n:,} {outcome}" for outcome, n in sorted(counts.items()))
 
 
-def run_main(tree: Path, main: str, python_path: Path, gpu: bool = False) -> Outcome:
+def server_env() -> dict[str, str]:
+    """The warm server's environment: a job's, without the tree it will be given.
+
+    Without a GPU, every main and test of the book chooses Triton's interpreter before it imports
+    triton; the server imports triton too (torch._dynamo does), so it must make the same choice.
+    """
+    env = fixed_env(Path())
+    del env["PYTHONPATH"]
+    if not has_gpu():
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def python(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
+           warm: WarmPython | None = None) -> subprocess.CompletedProcess:
+    """`python ARGV` in `cwd`, its output captured: forked from `warm` when it is given and up
+    (a GPU job never is: its environment differs), else a new process."""
+    if warm is not None and warm.usable():
+        try:
+            return warm.run([sys.executable, *argv], cwd, env, timeout)
+        except WarmGone:
+            pass
+    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_main(tree: Path, main: str, python_path: Path, gpu: bool = False,
+             warm: WarmPython | None = None) -> Outcome:
     try:
-        done = subprocess.run([sys.executable, main], cwd=tree, env=fixed_env(python_path, gpu),
-                              capture_output=True, text=True, timeout=MAIN_TIMEOUT)
+        done = python([main], tree, fixed_env(python_path, gpu), MAIN_TIMEOUT,
+                      None if gpu else warm)
     except subprocess.TimeoutExpired:
         return Outcome(False, "", f"{main} ran longer than {MAIN_TIMEOUT} s")
     if done.returncode != 0:
@@ -92,13 +120,16 @@ def run_main(tree: Path, main: str, python_path: Path, gpu: bool = False) -> Out
     return Outcome(True, done.stdout)
 
 
-def run_tests(tree: Path, tests: list[str], python_path: Path, gpu: bool = False) -> Outcome:
+def run_tests(tree: Path, tests: list[str], python_path: Path, gpu: bool = False,
+              warm: WarmPython | None = None) -> Outcome:
     report = tree / ".steps-junit.xml"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ".",
-               f"--junitxml={report}", *tests]
+    # A warm server has imported anyio (transformers does), which pytest would warn it cannot
+    # rewrite as a plugin: a warning a new process never shows.
+    command = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ".",
+               "-W", "ignore::pytest.PytestAssertRewriteWarning", f"--junitxml={report}", *tests]
     try:
-        done = subprocess.run(command, cwd=tree, env=fixed_env(python_path, gpu),
-                              capture_output=True, text=True, timeout=TESTS_TIMEOUT)
+        done = python(command, tree, fixed_env(python_path, gpu), TESTS_TIMEOUT,
+                      None if gpu else warm)
     except subprocess.TimeoutExpired:
         return Outcome(False, "", f"the tests ran longer than {TESTS_TIMEOUT} s")
     results = _junit_results(report, tree)
