@@ -152,39 +152,6 @@ def test_triton_backend_keeps_decode_metadata_in_the_graph_buffers(tiny_models) 
     assert buffers[3, :3].tolist() == [3, 4, 5]  # untouched by the prefill
 
 
-@pytest.mark.parametrize("graphs", [False, True])
-def test_triton_backend_lengths_start_16_byte_aligned_at_any_batch_size(tiny_models,
-                                                                        graphs: bool) -> None:
-    """Triton compiles a kernel anew for a pointer argument that is not 16-byte aligned: every
-    length tensor a batch of 1 to 7 requests gets starts aligned, holds the batch's values, and
-    the decode batches' share the graph buffers."""
-    from minisgl.attention import create_attention_backend
-    from minisgl.core import Batch, Req, SamplingParams
-    from minisgl.models.config import ModelConfig
-    from minisgl.utils.hf import read_hf_config
-
-    config = ModelConfig.from_dict(read_hf_config(tiny_models["llama3"]))
-    backend = create_attention_backend("triton", config, "cpu")
-    if graphs:
-        backend.init_graph_buffers(7)
-    for size in range(1, 8):
-        for phase in ("prefill", "decode"):
-            reqs = [Req(i, [1] * (i + 2), SamplingParams(), table_idx=i) for i in range(size)]
-            if phase == "decode":
-                for r in reqs:
-                    r.complete_forward()
-                    r.append(7)
-            batch = Batch(reqs, phase)
-            backend.prepare_metadata(batch)
-            meta = batch.attn_metadata
-            lens = [meta.rows, meta.cached_lens, meta.extend_lens, meta.seq_lens, meta.q_starts]
-            assert [t.data_ptr() % 16 for t in lens] == [0] * 5, (size, phase)
-            assert meta.seq_lens.tolist() == [r.device_len for r in reqs]
-            assert meta.extend_lens.tolist() == [r.extend_len for r in reqs]
-            buffers = backend._graph_lens
-            shared = buffers is not None and meta.rows.data_ptr() == buffers[0].data_ptr()
-            assert shared == (graphs and phase == "decode")
-
 @on_cuda
 @pytest.mark.parametrize("family", ["llama3", "qwen3", "qwen2bytes"])
 def test_cuda_graphs_give_the_same_tokens(tiny_models, family: str) -> None:

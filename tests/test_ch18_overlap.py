@@ -161,63 +161,6 @@ def test_no_row_or_page_handed_out_while_a_launched_batch_reads_it(tiny_models, 
     assert watch.launched == {} and watch.handed_out > s.cache_manager.num_pages  # reused
 
 
-def test_a_steps_pages_land_where_a_request_by_request_loop_puts_them():
-    """``allocate`` takes a whole step's pages at once and writes them with one scatter; the page
-    table must hold what the literal loop writes: request by request, page by page, the free
-    queue's next page. Some requests cross a page boundary and some do not, and the queue wraps
-    around the ring's end."""
-    from minisgl.core import Req
-    from minisgl.kvcache import create_prefix_cache
-    from minisgl.scheduler.cache import CacheManager
-
-    size, num_pages = 4, 11
-    table = torch.full((6, 32), -1, dtype=torch.int32)
-    cache = CacheManager(num_pages, size, table, create_prefix_cache("naive", size))
-    first = Req(0, list(range(8 * size)), SamplingParams(max_tokens=1), table_idx=5)
-    first.cache_handle = cache.match_req(first)
-    cache.allocate([first])  # pages 0-7, given back: the queue is now 8, 9, 10, 0, 1, ...
-    first.complete_forward()
-    cache.cache_req(first, finished=True)
-    queue = collections.deque([8, 9, 10, *range(8)])
-    table.fill_(-1)
-    # (row, cached_len, device_len): a prefill of two pages, decodes across a boundary and not,
-    # a chunk that starts mid-page and crosses two
-    spans = [(0, 0, 6), (1, 8, 9), (2, 5, 6), (3, 3, 4), (4, 12, 13), (5, 6, 17)]
-    reqs = [Req(i, list(range(end)), SamplingParams(max_tokens=1), table_idx=row,
-                cached_len=start) for i, (row, start, end) in enumerate(spans)]
-    expected = [[-1] * 32 for _ in range(6)]
-    for row, start, end in spans:  # the literal loop
-        for page_index in range(-(-start // size), -(-end // size)):
-            page = queue.popleft()
-            for j in range(size):
-                expected[row][page_index * size + j] = page * size + j
-    cache.allocate(reqs)
-    assert table.tolist() == expected
-    assert cache.num_free_pages == len(queue) == num_pages - 7
-    assert cache._free_page_list().tolist() == list(queue)
-
-
-def test_a_steps_allocation_runs_as_many_tensor_operations_for_2_requests_as_for_40():
-    """The device work of ``allocate`` does not grow with the requests that cross a page
-    boundary: counted by torch's profiler, 40 such requests run the operations 2 do."""
-    from minisgl.core import Req
-    from minisgl.kvcache import create_prefix_cache
-    from minisgl.scheduler.cache import CacheManager
-
-    def operations(crossing: int) -> int:
-        size = 4
-        table = torch.zeros(41, 16, dtype=torch.int32)
-        cache = CacheManager(200, size, table, create_prefix_cache("naive", size))
-        reqs = [Req(i, list(range(5)), SamplingParams(max_tokens=1), table_idx=i, cached_len=4)
-                for i in range(crossing)]  # position 4 starts their second page
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-            cache.allocate(reqs)
-        assert cache.num_free_pages == 200 - crossing
-        return sum(1 for e in prof.events() if e.name.startswith("aten::"))
-
-    assert operations(40) == operations(2)
-
-
 def test_a_request_finished_in_the_lagged_step_is_given_back_once(tiny_models):
     """EOS at batch k is known only after batch k+1 has been launched with the request in it:
     its extra token is dropped, its row and pages are given back once, after batch k+1."""

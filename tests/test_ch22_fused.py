@@ -7,9 +7,10 @@ On a CPU they run in Triton's interpreter on small shapes; on CUDA also at Qwen3
 
 from __future__ import annotations
 
+import collections
 import os
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 if not Path("/dev/nvidia0").exists():  # no GPU: interpret; it must be chosen before triton loads
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -20,7 +21,7 @@ from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
 from minisgl.kernel.fused_sample import BLOCK_V, FusedSampler, race_sample  # noqa: E402
-from minisgl.layers.norm import RMSNormFused  # noqa: E402
+from minisgl.layers.norm import RMSNormFused, add_then_rms_norm  # noqa: E402
 from minisgl.layers.norm import rms_norm as torch_rms_norm  # noqa: E402
 
 CUDA = torch.cuda.is_available()
@@ -55,18 +56,16 @@ def assert_close(ours: torch.Tensor, reference: torch.Tensor, steps: int) -> Non
 
 def check_add_rms_norm(rows: int, hidden: int, dtype: torch.dtype, device: str,
                        seed: int = 0, eps: float = 1e-6) -> None:
-    """Against ``RMSNormFused.forward``: the sum within one step of the dtype, and the output
-    within two of the torch norm of that sum (the kernel's own sum, so that a sum one step off
-    does not add to the norm's steps)."""
+    """Against ``RMSNormFused``'s torch formula: the sum within one step of the dtype, and the
+    output within two of the torch norm of that sum (the kernel's own sum, so that a sum one
+    step off does not add to the norm's steps)."""
     x, residual, weight = norm_inputs(rows, hidden, dtype, device, seed)
-    torch_norm = RMSNormFused(hidden, eps)
-    torch_norm.weight = weight
-    want_residual = torch_norm.forward(x, residual)[1]
+    want_residual = add_then_rms_norm(x, residual, weight, eps)[1]
     x_before = x.clone()
     out, new_residual = add_rms_norm(x, residual, weight, eps)
     assert new_residual.data_ptr() == residual.data_ptr()  # the sum went back in place
     assert_close(new_residual, want_residual, steps=1)
-    want_out = torch_norm.forward(new_residual)[0]
+    want_out = add_then_rms_norm(new_residual, None, weight, eps)[0]
     assert_close(out, want_out, steps=2)
     if dtype == torch.float16:  # rounded as torch rounds (the interpreter too): where HF rounds
         assert (out != want_out).float().mean() < 0.01  # skipping one rounding moves 25 %
@@ -298,3 +297,183 @@ def test_sampling_at_qwen3_shapes(dtype):
     check_greedy_rows(256, 151_936, dtype, "cuda")
     check_seeded_rows_repeat(256, 151_936, "cuda")
     check_seed_moves_no_neighbour(256, 151_936, "cuda")
+
+
+# ---- wired in: the decoder's norms and the engine's sampler, on CUDA only -----------------------
+
+DENSE = ["llama3", "qwen2", "qwen3", "mistral", "qwen2bytes"]
+PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8], list(range(30, 45)), [6] * 9, [9, 9], [5, 4, 3]]
+
+
+def tiny_llm(path: Path, device: str) -> Any:
+    from minisgl.llm import LLM
+
+    return LLM(str(path), device=device, page_size=4, num_pages=128, max_running_req=8)
+
+
+def test_on_a_cpu_the_torch_path_stays(tiny_models):
+    """A CPU engine keeps chapter 4's sampler, and the decoder's norm returns a new sum (the
+    kernel would write it into ``residual``): every earlier chapter's prints stay as they were."""
+    from minisgl.engine.sample import Sampler
+
+    llm = tiny_llm(tiny_models["qwen3"], "cpu")
+    assert type(llm.scheduler.engine.sampler) is Sampler
+    x, residual, weight = norm_inputs(3, 16, torch.float32, "cpu", 4)
+    norm = RMSNormFused(16)
+    norm.weight = weight
+    out, new_residual = norm.forward(x, residual)
+    assert new_residual.data_ptr() != residual.data_ptr()
+    assert torch.equal(out, add_then_rms_norm(x, residual, weight, 1e-6)[0])
+
+
+class CountedNorm:
+    """Counts the calls to ``fused_norm.add_rms_norm`` (the decoder imports it when it runs)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import minisgl.kernel.fused_norm as fused_norm
+
+        self.calls, real = 0, fused_norm.add_rms_norm
+
+        def counted(*args: Any) -> Any:
+            self.calls += 1
+            return real(*args)
+
+        monkeypatch.setattr(fused_norm, "add_rms_norm", counted)
+
+
+@on_cuda
+@pytest.mark.parametrize("family", DENSE)
+def test_fused_engine_gives_transformers_greedy_tokens(tiny_models, family, monkeypatch):
+    """float32 on the GPU with the fused kernels wired in (CUDA graphs on): every dense tiny
+    family's greedy tokens equal transformers'; the decoder went through the fused norm."""
+    from helpers import greedy, hf_greedy
+
+    counted = CountedNorm(monkeypatch)
+    llm = tiny_llm(tiny_models[family], "cuda")
+    assert isinstance(llm.scheduler.engine.sampler, FusedSampler)
+    assert llm.scheduler.engine.graph_runner.graphs
+    ours = [out["token_ids"] for out in llm.generate(PROMPTS, [greedy(12)] * len(PROMPTS))]
+    assert counted.calls > 0
+    assert ours == hf_greedy(tiny_models[family], PROMPTS, 12)
+
+
+@on_cuda
+def test_the_switch_turns_the_fused_kernels_off(tiny_models, monkeypatch):
+    """``MINISGL_DISABLE_FUSED_KERNELS=1``: torch's sampler and norm on the GPU, the same greedy
+    tokens; seeded draws of either sampler repeat when the batch around them changes."""
+    from helpers import greedy
+    from minisgl.engine.sample import Sampler
+
+    def run(prompts: List[List[int]], params: List[SamplingParams]) -> List[List[int]]:
+        llm = tiny_llm(tiny_models["qwen3"], "cuda")
+        return [out["token_ids"] for out in llm.generate(prompts, params)]
+
+    counted = CountedNorm(monkeypatch)
+    fused = run(PROMPTS, [greedy(12)] * len(PROMPTS))
+    seeded = SamplingParams(temperature=0.9, max_tokens=10, ignore_eos=True, seed=5)
+    alone = run(PROMPTS[:1], [seeded])
+    beside = run(PROMPTS, [seeded] + [SamplingParams(temperature=0.9, max_tokens=10)] * 5)
+    assert beside[0] == alone[0]
+    monkeypatch.setenv("MINISGL_DISABLE_FUSED_KERNELS", "1")
+    calls = counted.calls
+    llm = tiny_llm(tiny_models["qwen3"], "cuda")
+    assert type(llm.scheduler.engine.sampler) is Sampler
+    plain = [out["token_ids"] for out in llm.generate(PROMPTS, [greedy(12)] * len(PROMPTS))]
+    assert counted.calls == calls and plain == fused
+
+
+# ---- the attention backend's length rows: 16-byte aligned at any batch size ---------------------
+
+
+@pytest.mark.parametrize("graphs", [False, True])
+def test_triton_backend_lengths_start_16_byte_aligned_at_any_batch_size(tiny_models,
+                                                                        graphs: bool) -> None:
+    """Triton compiles a kernel anew for a pointer argument that is not 16-byte aligned: every
+    length tensor a batch of 1 to 7 requests gets starts aligned, holds the batch's values, and
+    the decode batches' share the graph buffers."""
+    from minisgl.attention import create_attention_backend
+    from minisgl.core import Batch, Req, SamplingParams
+    from minisgl.models.config import ModelConfig
+    from minisgl.utils.hf import read_hf_config
+
+    config = ModelConfig.from_dict(read_hf_config(tiny_models["llama3"]))
+    backend = create_attention_backend("triton", config, "cpu")
+    if graphs:
+        backend.init_graph_buffers(7)
+    for size in range(1, 8):
+        for phase in ("prefill", "decode"):
+            reqs = [Req(i, [1] * (i + 2), SamplingParams(), table_idx=i) for i in range(size)]
+            if phase == "decode":
+                for r in reqs:
+                    r.complete_forward()
+                    r.append(7)
+            batch = Batch(reqs, phase)
+            backend.prepare_metadata(batch)
+            meta = batch.attn_metadata
+            lens = [meta.rows, meta.cached_lens, meta.extend_lens, meta.seq_lens, meta.q_starts]
+            assert [t.data_ptr() % 16 for t in lens] == [0] * 5, (size, phase)
+            assert meta.seq_lens.tolist() == [r.device_len for r in reqs]
+            assert meta.extend_lens.tolist() == [r.extend_len for r in reqs]
+            buffers = backend._graph_lens
+            shared = buffers is not None and meta.rows.data_ptr() == buffers[0].data_ptr()
+            assert shared == (graphs and phase == "decode")
+
+
+# ---- the page table: a step's pages in one scatter ---------------------------------------------
+
+
+def test_a_steps_pages_land_where_a_request_by_request_loop_puts_them():
+    """``allocate`` takes a whole step's pages at once and writes them with one scatter; the page
+    table must hold what the literal loop writes: request by request, page by page, the free
+    queue's next page. Some requests cross a page boundary and some do not, and the queue wraps
+    around the ring's end."""
+    from minisgl.core import Req
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+
+    size, num_pages = 4, 11
+    table = torch.full((6, 32), -1, dtype=torch.int32)
+    cache = CacheManager(num_pages, size, table, create_prefix_cache("naive", size))
+    first = Req(0, list(range(8 * size)), SamplingParams(max_tokens=1), table_idx=5)
+    first.cache_handle = cache.match_req(first)
+    cache.allocate([first])  # pages 0-7, given back: the queue is now 8, 9, 10, 0, 1, ...
+    first.complete_forward()
+    cache.cache_req(first, finished=True)
+    queue = collections.deque([8, 9, 10, *range(8)])
+    table.fill_(-1)
+    # (row, cached_len, device_len): a prefill of two pages, decodes across a boundary and not,
+    # a chunk that starts mid-page and crosses two
+    spans = [(0, 0, 6), (1, 8, 9), (2, 5, 6), (3, 3, 4), (4, 12, 13), (5, 6, 17)]
+    reqs = [Req(i, list(range(end)), SamplingParams(max_tokens=1), table_idx=row,
+                cached_len=start) for i, (row, start, end) in enumerate(spans)]
+    expected = [[-1] * 32 for _ in range(6)]
+    for row, start, end in spans:  # the literal loop
+        for page_index in range(-(-start // size), -(-end // size)):
+            page = queue.popleft()
+            for j in range(size):
+                expected[row][page_index * size + j] = page * size + j
+    cache.allocate(reqs)
+    assert table.tolist() == expected
+    assert cache.num_free_pages == len(queue) == num_pages - 7
+    assert cache._free_page_list().tolist() == list(queue)
+
+
+def test_a_steps_allocation_runs_as_many_tensor_operations_for_2_requests_as_for_40():
+    """The device work of ``allocate`` does not grow with the requests that cross a page
+    boundary: counted by torch's profiler, 40 such requests run the operations 2 do."""
+    from minisgl.core import Req
+    from minisgl.kvcache import create_prefix_cache
+    from minisgl.scheduler.cache import CacheManager
+
+    def operations(crossing: int) -> int:
+        size = 4
+        table = torch.zeros(41, 16, dtype=torch.int32)
+        cache = CacheManager(200, size, table, create_prefix_cache("naive", size))
+        reqs = [Req(i, list(range(5)), SamplingParams(max_tokens=1), table_idx=i, cached_len=4)
+                for i in range(crossing)]  # position 4 starts their second page
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            cache.allocate(reqs)
+        assert cache.num_free_pages == 200 - crossing
+        return sum(1 for e in prof.events() if e.name.startswith("aten::"))
+
+    assert operations(40) == operations(2)

@@ -11,6 +11,7 @@ import torch
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx, use_global_ctx
 from minisgl.distributed import get_tp_info, min_across_ranks
+from minisgl.env import disable_fused_kernels
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import load_model
 from minisgl.utils.logger import init_logger
@@ -69,7 +70,7 @@ class Engine:
 
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(
                 self.device, config.moe_backend)
-        self.sampler = Sampler(self.device, seed=config.seed)
+        self.sampler = make_sampler(self.device, config.seed)
         # where a step's time goes (chapter 15); the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
         self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
@@ -217,3 +218,13 @@ def _host_ids(req: Req) -> List[int]:
     """The tokens its next forward runs, -1 for the one the host does not have yet."""
     ids = req.new_ids
     return ids + [-1] * (req.extend_len - len(ids))
+
+
+def make_sampler(device: torch.device, seed: int) -> Sampler:
+    """On a GPU, chapter 22's sampler (the exponential race in Triton); elsewhere, or with
+    ``MINISGL_DISABLE_FUSED_KERNELS=1``, chapter 4's torch one."""
+    if device.type == "cuda" and not disable_fused_kernels():
+        from minisgl.kernel.fused_sample import FusedSampler  # imports Triton
+
+        return FusedSampler(device, seed=seed)
+    return Sampler(device, seed=seed)

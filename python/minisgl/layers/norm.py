@@ -3,6 +3,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from minisgl.env import disable_fused_kernels
+
 from .base import BaseOP
 
 
@@ -33,11 +35,23 @@ class RMSNormFused(RMSNorm):
     ``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``: the normalized input
     of the next block and the new residual stream. The first layer has no residual yet
     (``residual=None``): then it returns ``(norm(x), x)``. x, residual: [T, size].
+    On a GPU the add and the norm are one Triton kernel (chapter 22) that writes the sum into
+    ``residual`` and returns that tensor.
     """
 
     def forward(  # type: ignore[override]
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is not None:
-            x = x + residual  # in the model's dtype, as HF adds it
-        return rms_norm(x, self.weight, self.eps), x
+        if residual is not None and x.is_cuda and not disable_fused_kernels():
+            from minisgl.kernel.fused_norm import add_rms_norm  # Triton, chapter 22
+
+            return add_rms_norm(x, residual, self.weight, self.eps)  # residual: the sum, in place
+        return add_then_rms_norm(x, residual, self.weight, self.eps)
+
+
+def add_then_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch formula of ``RMSNormFused.forward``: ``(norm(x + residual), x + residual)``."""
+    if residual is not None:
+        x = x + residual  # in the model's dtype, as HF adds it
+    return rms_norm(x, weight, eps), x

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .base import BaseOP
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, computed in float32 as HF does."""
+    if x.is_cuda:  # one fused kernel (float32 inside) where the formula below launches seven
+        return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+class RMSNorm(BaseOP):
+    """RMS normalization with a learned scale. weight: [size]; x: [..., size] -> same shape."""
+
+    def __init__(self, size: int, eps: float = 1e-6):
+        self.eps = eps
+        self.weight = torch.empty(size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class RMSNormFused(RMSNorm):
+    """The residual add of a decoder layer fused with the RMSNorm that follows it.
+
+    ``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``: the normalized input
+    of the next block and the new residual stream. The first layer has no residual yet
+    (``residual=None``): then it returns ``(norm(x), x)``. x, residual: [T, size].
+    """
+
+    def forward(  # type: ignore[override]
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is not None:
+            x = x + residual  # in the model's dtype, as HF adds it
+        return rms_norm(x, self.weight, self.eps), x
