@@ -1550,6 +1550,43 @@ def moe_layer_time() -> plt.Figure:
     return fig
 
 
+DECODE_PROFILE = ROOT / "benchmark/results/profile_decode_h200_2026-12-02.json"  # measured
+
+
+@figure("ch22", "decode_step_kernels")
+def decode_step_kernels() -> plt.Figure:
+    """profile_decode.py's H200 run: one decode step's kernels grouped by kind, their time (with
+    the share of the step's kernel time) and their number."""
+    import json
+
+    record = json.loads(DECODE_PROFILE.read_text(encoding="utf-8"))
+    rows = sorted(record["rows"], key=lambda r: r["us"])  # the largest on top
+    kinds = [r["kind"] for r in rows]
+    colors = [COLORS[(len(rows) - 1 - i) % len(COLORS)] for i in range(len(rows))]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained",
+                                      sharey=True)
+    fig.suptitle(f"One decode step of {record['shape']} at batch {record['batch']}, "
+                 f"{record['context']} cached tokens each\non an {record['gpu']}, "
+                 f"{record['date']}, with torch's norms and sampler")
+    left.barh(kinds, [r["us"] for r in rows], color=colors)
+    for i, r in enumerate(rows):
+        left.text(r["us"] + 60, i, f"{r['us']:,.0f} us ({r['share']:.1%})", va="center",
+                  fontsize=9)
+    left.set_xlim(0, max(r["us"] for r in rows) * 1.45)
+    left.set_xlabel("kernel time in the step (us)")
+    left.set_title(f"time: {record['kernel_us']:,.0f} us of kernels in a "
+                   f"{record['step_us'] / 1e3:.1f} ms step", fontsize=10)
+    right.barh(kinds, [r["kernels"] for r in rows], color=colors)
+    for i, r in enumerate(rows):
+        right.text(r["kernels"] + 8, i, f"{r['kernels']:,}", va="center", fontsize=9)
+    right.set_xlim(0, max(r["kernels"] for r in rows) * 1.2)
+    right.set_xlabel("kernels launched in the step")
+    right.set_title(f"launches: {record['kernels']:,} kernels", fontsize=10)
+    for ax in (left, right):
+        ax.grid(alpha=0.3, axis="x")
+    return fig
+
+
 def draw_in_tree(chapter: str, tree: Path, png: Path | None) -> list[Path]:
     """Draw one chapter's figures with the code of its tree; the files written."""
     global TREE
