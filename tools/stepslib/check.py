@@ -43,6 +43,7 @@ from .tree import package_files, tree_at, write_tree
 from .warm import WarmPython
 
 CACHE = ".steps-cache/results"
+SECONDS = ".steps-cache/seconds.json"  # what each chapter took when last run: longest go first
 TREES = ".steps-cache/trees"  # a chapter's tree, kept while its tests fail, to re-run them in
 TOOL_DIR = Path(__file__).resolve().parent
 PRACTICE = "practice"
@@ -322,6 +323,28 @@ def _store(book: Book, key: str, result: Result) -> None:
     partial.replace(folder / f"{key}.json")
 
 
+def _expected_seconds(book: Book, chapter: Chapter) -> tuple[float, int]:
+    """What the chapter took last time; never run, it comes first, later chapters (the heavier
+    ones) before earlier. Longest first leaves the short ones to fill the last gaps."""
+    return _seconds(book).get(chapter.id, float("inf")), chapter.number
+
+
+def _seconds(book: Book) -> dict[str, float]:
+    try:
+        return json.loads((book.root / SECONDS).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _record_seconds(book: Book, chapter: Chapter, seconds: float) -> None:
+    path = book.root / SECONDS
+    recorded = {**_seconds(book), chapter.id: round(seconds, 1)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".part")  # replaced whole: a reader never sees half of it
+    partial.write_text(json.dumps(recorded, sort_keys=True), encoding="utf-8")
+    partial.replace(path)
+
+
 def _from_cache(chapter: Chapter, record: dict) -> Result:
     return Result(chapter, steps=record["steps"], tests=[tuple(t) for t in record["tests"]],
                   forwards=[Forward(*f) for f in record["forwards"]], cached=True)
@@ -343,6 +366,7 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
             shutil.rmtree(kept_tree(book, chapter, options), ignore_errors=True)  # it passes
         else:
             todo.append((chapter, key))
+    todo.sort(key=lambda item: _expected_seconds(book, item[0]), reverse=True)
     display = _Progress(progress, len(chapters), len(results))
     workers = max(1, jobs)
     with _warm_python(book, todo, options) as warm, ThreadPoolExecutor(workers) as pool:
@@ -355,6 +379,8 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
             display.done(result)
             if key and result.status == "pass":
                 _store(book, key, result)
+            if result.status != "skip":
+                _record_seconds(book, chapter, result.seconds)
     display.close()
     return [results[c.id] for c in chapters]
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 from bookmaker import steps
-from stepslib import runner
+from stepslib import check, runner
+from stepslib.book import load_book
 from stepslib.warm import WarmPython
 
 SHOW = '''\
@@ -158,12 +159,12 @@ def test_a_server_that_is_gone_falls_back_to_a_new_process(tmp_path):
 
 
 def test_check_gives_the_same_verdicts_warm_and_cold(book):
-    """The toy book checked with a warm server (preload named) and without: the same table."""
-    cold = steps(book, "check", "--no-cache")
+    """A toy chapter checked with a warm server (preload named) and without: the same table."""
+    cold = steps(book, "check", "2", "--no-cache")
     data = yaml.safe_load((book / "steps.yaml").read_text())
     data["preload"] = ["json"]
     (book / "steps.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    warm = steps(book, "check", "--no-cache")
+    warm = steps(book, "check", "2", "--no-cache")
     assert cold.returncode == warm.returncode == 0, warm.stderr
     assert cold.stdout == warm.stdout and "passed" in warm.stdout
 
@@ -211,3 +212,23 @@ def test_the_book_preloads_only_outside_packages():
     root = Path(__file__).resolve().parents[2]
     preload = yaml.safe_load((root / "steps.yaml").read_text())["preload"]
     assert preload and not [m for m in preload if m.split(".")[0] == "minisgl"]
+
+
+def test_check_runs_the_longest_chapters_first_and_records_what_each_took(book):
+    """Unknown chapters go first, later ones before earlier; then by the seconds last recorded."""
+    first = steps(book, "check", "2-3", "--no-cache", "-j", "1")
+    assert first.returncode == 0, first.stderr
+    assert _order(first.stderr) == ["ch03", "ch02"]
+    recorded = json.loads((book / ".steps-cache" / "seconds.json").read_text())
+    assert sorted(recorded) == ["ch02", "ch03"] and all(s > 0 for s in recorded.values())
+    (book / ".steps-cache" / "seconds.json").write_text(
+        json.dumps({"ch01": 50.0, "ch02": 1.0, "ch03": 9.0}))
+    chapters = load_book(book).chapters
+    ordered = sorted(chapters, key=lambda c: check._expected_seconds(load_book(book), c),
+                     reverse=True)
+    assert [c.id for c in ordered] == ["ch01", "ch03", "ch02"]
+
+
+def _order(progress: str) -> list[str]:
+    """The chapters in the order the progress lines finished them: `[1/3] ch02 pass (0.4 s)`."""
+    return [line.split()[1] for line in progress.splitlines() if line.startswith("[")]
