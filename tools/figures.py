@@ -1551,40 +1551,52 @@ def moe_layer_time() -> plt.Figure:
 
 
 DECODE_PROFILE = ROOT / "benchmark/results/profile_decode_h200_2026-12-02.json"  # measured
+FUSED_PROFILE = ROOT / "benchmark/results/profile_decode_fused_h200_2026-12-02.json"
 
 
 @figure("ch22", "decode_step_kernels")
 def decode_step_kernels() -> plt.Figure:
-    """profile_decode.py's H200 run: one decode step's kernels grouped by kind, their time (with
-    the share of the step's kernel time) and their number."""
+    """profile_decode.py's H200 runs before and after chapter 22's kernels: one decode step's
+    kernels grouped by kind, their time (with the share of the step's kernel time), their number."""
     import json
 
-    record = json.loads(DECODE_PROFILE.read_text(encoding="utf-8"))
-    rows = sorted(record["rows"], key=lambda r: r["us"])  # the largest on top
-    kinds = [r["kind"] for r in rows]
-    colors = [COLORS[(len(rows) - 1 - i) % len(COLORS)] for i in range(len(rows))]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8), layout="constrained",
+    runs = [("torch's norms and sampler", json.loads(DECODE_PROFILE.read_text("utf-8"))),
+            ("chapter 22's fused kernels", json.loads(FUSED_PROFILE.read_text("utf-8")))]
+    kinds = sorted({r["kind"] for _, run in runs for r in run["rows"]},
+                   key=lambda kind: _kind_row(runs[0][1], kind)["us"])  # the largest on top
+    first = runs[0][1]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2), layout="constrained",
                                       sharey=True)
-    fig.suptitle(f"One decode step of {record['shape']} at batch {record['batch']}, "
-                 f"{record['context']} cached tokens each\non an {record['gpu']}, "
-                 f"{record['date']}, with torch's norms and sampler")
-    left.barh(kinds, [r["us"] for r in rows], color=colors)
-    for i, r in enumerate(rows):
-        left.text(r["us"] + 60, i, f"{r['us']:,.0f} us ({r['share']:.1%})", va="center",
-                  fontsize=9)
-    left.set_xlim(0, max(r["us"] for r in rows) * 1.45)
+    fig.suptitle(f"One decode step of {first['shape']} at batch {first['batch']}, "
+                 f"{first['context']} cached tokens each, on an {first['gpu']}, {first['date']}")
+    height, ys = 0.4, range(len(kinds))
+    for n, (label, run) in enumerate(runs):
+        rows = [_kind_row(run, kind) for kind in kinds]
+        at = [y + (0.5 - n) * height for y in ys]
+        left.barh(at, [r["us"] for r in rows], height, color=COLORS[n],
+                  label=f"{label}: {run['kernel_us']:,.0f} us in a {run['step_us'] / 1e3:.1f} ms "
+                        "step")
+        right.barh(at, [r["kernels"] for r in rows], height, color=COLORS[n],
+                   label=f"{label}: {run['kernels']:,} kernels")
+        for y, r in zip(at, rows):
+            left.text(r["us"] + 60, y, f"{r['us']:,.0f} us ({r['share']:.1%})", va="center",
+                      fontsize=8)
+            right.text(r["kernels"] + 8, y, f"{r['kernels']:,}", va="center", fontsize=8)
+    left.set_yticks(list(ys), kinds)
+    left.set_xlim(0, max(r["us"] for _, run in runs for r in run["rows"]) * 1.45)
+    right.set_xlim(0, max(r["kernels"] for _, run in runs for r in run["rows"]) * 1.25)
     left.set_xlabel("kernel time in the step (us)")
-    left.set_title(f"time: {record['kernel_us']:,.0f} us of kernels in a "
-                   f"{record['step_us'] / 1e3:.1f} ms step", fontsize=10)
-    right.barh(kinds, [r["kernels"] for r in rows], color=colors)
-    for i, r in enumerate(rows):
-        right.text(r["kernels"] + 8, i, f"{r['kernels']:,}", va="center", fontsize=9)
-    right.set_xlim(0, max(r["kernels"] for r in rows) * 1.2)
     right.set_xlabel("kernels launched in the step")
-    right.set_title(f"launches: {record['kernels']:,} kernels", fontsize=10)
     for ax in (left, right):
         ax.grid(alpha=0.3, axis="x")
+        ax.legend(loc="lower right", fontsize=9)
     return fig
+
+
+def _kind_row(run: dict, kind: str) -> dict:
+    """The run's row for `kind`; none when no kernel of that kind ran."""
+    return next((r for r in run["rows"] if r["kind"] == kind),
+                {"kind": kind, "kernels": 0, "us": 0.0, "share": 0.0})
 
 
 def draw_in_tree(chapter: str, tree: Path, png: Path | None) -> list[Path]:

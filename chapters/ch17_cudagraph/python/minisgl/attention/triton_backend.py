@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
-
 from minisgl.core import Batch, get_global_ctx
 from minisgl.kernel import decode_attention, extend_attention, store_kv
 from minisgl.models.config import ModelConfig

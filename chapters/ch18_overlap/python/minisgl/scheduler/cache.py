@@ -3,7 +3,6 @@ from __future__ import annotations
 from typing import List
 
 import torch
-
 from minisgl.core import Req
 from minisgl.kvcache.base import BaseCacheHandle, BasePrefixCache
 from minisgl.utils.misc import div_ceil
