@@ -134,6 +134,16 @@ def test_decode_many_pages_and_odd_head_dim() -> None:
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_a_head_of_8_is_padded_to_tl_dots_16_and_still_exact() -> None:
+    from minisgl.kernel.attention import head_block
+
+    assert [head_block(d) for d in (8, 16, 80, 96, 128, 256)] == [16, 16, 128, 128, 128, 256]
+    out, ref = run_decode([5, 40], (6, 2), 8, page_size=4, splits=2)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    out, ref = run_extend([9, 0], [3, 20], (6, 2), 8, page_size=4)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_decode_lengths_ending_on_a_split_boundary() -> None:
     """Each split holds one block here, so the first empty split starts exactly at seq_len: the
     combine must not read it (its buffer row is never written)."""
@@ -213,12 +223,13 @@ def test_cuda_extend_real_shapes(dtype: torch.dtype) -> None:
 
 
 @on_cuda
-@pytest.mark.parametrize("head_dim", [64, 96])
-def test_cuda_other_head_dims(head_dim: int) -> None:
-    out, ref = run_decode([1, 700, 2049], (16, 4), head_dim, 16, splits=None,
+@pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("heads", [(4, 4), (3, 1), (10, 2), (16, 2), (16, 1)])  # GQA 1 to 16
+def test_cuda_other_head_dims(head_dim: int, heads: Tuple[int, int]) -> None:
+    out, ref = run_decode([1, 700, 2049], heads, head_dim, 16, splits=None,
                           dtype=torch.bfloat16, device="cuda")
     torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
-    out, ref = run_extend([0, 300], [1000, 129], (16, 4), head_dim, 16, dtype=torch.bfloat16,
+    out, ref = run_extend([0, 300], [1000, 129], heads, head_dim, 16, dtype=torch.bfloat16,
                           device="cuda")
     torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
 

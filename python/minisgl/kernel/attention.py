@@ -154,6 +154,13 @@ def default_num_kv_splits(batch: int, num_kv_heads: int) -> int:
     return min(32, max(2, triton.next_power_of_2(wanted)))
 
 
+def head_block(head_dim: int) -> int:
+    """The kernels' block over the head dimension: a power of two, and at least 16, since every
+    side of a tl.dot must be (a compiled kernel refuses less; the interpreter does not check).
+    The loads and stores are masked to head_dim, so the padding reads and writes nothing."""
+    return max(16, triton.next_power_of_2(head_dim))
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
                      sm_scale: float, num_kv_splits: int | None = None) -> torch.Tensor:
@@ -170,7 +177,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _check_rows_contiguous(q, k_cache, v_cache)
     group = num_qo_heads // num_kv_heads
     block_h = max(16, triton.next_power_of_2(group))  # tl.dot wants at least 16 rows
-    block_d = triton.next_power_of_2(head_dim)
+    block_d = head_block(head_dim)
     tiles = _tiles(DECODE_TILES, q.dtype)
     mid_o = q.new_empty((batch, num_qo_heads, num_kv_splits, head_dim), dtype=torch.float32)
     mid_lse = q.new_empty((batch, num_qo_heads, num_kv_splits), dtype=torch.float32)
@@ -268,7 +275,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
         v_cache.stride(0), v_cache.stride(1), o.stride(0), o.stride(1), page_table.stride(0),
-        head_dim, GROUP=num_qo_heads // num_kv_heads, BLOCK_D=triton.next_power_of_2(head_dim),
+        head_dim, GROUP=num_qo_heads // num_kv_heads, BLOCK_D=head_block(head_dim),
         PRECISION=_precision(q.dtype), **tiles,
     )
     return o
