@@ -161,6 +161,33 @@ def test_no_row_or_page_handed_out_while_a_launched_batch_reads_it(tiny_models, 
     assert watch.launched == {} and watch.handed_out > s.cache_manager.num_pages  # reused
 
 
+def test_duplicate_pages_freed_under_a_launched_batch_are_not_handed_out_while_it_runs(
+        tiny_models):
+    """Two requests with one prefix, admitted in one batch: neither finds it cached. When the
+    second's prompt is cached, the first's is in the tree already, so its own pages of the prefix
+    are duplicates: its row is pointed at the tree's and they are freed, while the batch launched
+    meanwhile still reads them (the request is in it). They must not be handed out before that
+    batch is processed. (A free list that hands out the newest pages first fails here, and
+    passes the workload above.)"""
+    shared = list(range(10, 18))  # two whole pages of 4
+    prompts = [shared + [40, 41], shared + [50, 51], [60, 61, 62]]
+    params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in prompts]
+    s = make(tiny_models["llama3"], True, page_size=4, num_pages=12, max_running_req=3,
+             max_extend_tokens=64)
+    watch, cm = Watch(s), s.cache_manager
+    free, freed_while_read = cm._free, []
+
+    def free_pages(slots):
+        pages = {int(p) // cm.page_size for p in slots}
+        freed_while_read.extend(pages & reads[0] for reads in watch.launched.values())
+        free(slots)
+
+    cm._free = free_pages
+    run(s, prompts, params)
+    # the case occurred: the second request's two pages of the prefix, freed while read
+    assert len(set().union(*freed_while_read)) == 2, freed_while_read
+
+
 def test_a_request_finished_in_the_lagged_step_is_given_back_once(tiny_models):
     """EOS at batch k is known only after batch k+1 has been launched with the request in it:
     its extra token is dropped, its row and pages are given back once, after batch k+1."""
