@@ -237,12 +237,16 @@ def test_the_gpu_budget_is_the_memory_ratio_less_the_weights(monkeypatch):
 
 
 def test_an_engine_with_every_default_on_a_cpu(tiny_models):
-    """All defaults: 64 rows of the model's 512 positions in pages of one token (32,768 pages:
+    """All defaults: a row for each request in flight (max_running_req: 64 here, 256 from
+    chapter 22 on) of the model's 512 positions, in pages of one token (at most 131,072 pages:
     256 MiB holds more), and the sampler seeded with 0."""
     from minisgl.engine.sample import BatchSamplingArgs, Sampler
 
-    engine = Engine(EngineConfig(str(tiny_models["llama3"]), device="cpu"))
-    assert engine.num_pages == 64 * 512 and engine.page_table.shape == (65, 512)
+    config = EngineConfig(str(tiny_models["llama3"]), device="cpu")
+    assert config.max_running_req in (64, 256)  # this chapter's default, or chapter 22's
+    engine = Engine(config)
+    rows = config.max_running_req
+    assert engine.num_pages == rows * 512 and engine.page_table.shape == (rows + 1, 512)
     torch.manual_seed(0)
     logits = torch.randn(16, 450)
     args = BatchSamplingArgs.from_params([SamplingParams(temperature=1.0)] * 16)
