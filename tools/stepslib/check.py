@@ -323,10 +323,10 @@ def _store(book: Book, key: str, result: Result) -> None:
     partial.replace(folder / f"{key}.json")
 
 
-def _expected_seconds(book: Book, chapter: Chapter) -> tuple[float, int]:
+def _expected_seconds(recorded: dict[str, float], chapter: Chapter) -> tuple[float, int]:
     """What the chapter took last time; never run, it comes first, later chapters (the heavier
     ones) before earlier. Longest first leaves the short ones to fill the last gaps."""
-    return _seconds(book).get(chapter.id, float("inf")), chapter.number
+    return recorded.get(chapter.id, float("inf")), chapter.number
 
 
 def _seconds(book: Book) -> dict[str, float]:
@@ -366,7 +366,8 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
             shutil.rmtree(kept_tree(book, chapter, options), ignore_errors=True)  # it passes
         else:
             todo.append((chapter, key))
-    todo.sort(key=lambda item: _expected_seconds(book, item[0]), reverse=True)
+    recorded = _seconds(book)
+    todo.sort(key=lambda item: _expected_seconds(recorded, item[0]), reverse=True)
     display = _Progress(progress, len(chapters), len(results))
     workers = max(1, jobs)
     with _warm_python(book, todo, options) as warm, ThreadPoolExecutor(workers) as pool:

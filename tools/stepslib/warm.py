@@ -21,6 +21,7 @@ import builtins
 import importlib
 import importlib.machinery
 import json
+import locale
 import os
 import select
 import signal
@@ -58,8 +59,9 @@ def serve(path: str, preload: list[str]) -> None:
             if sys.stdin in ready and not sys.stdin.buffer.read1(1):
                 break  # the tool has gone
             if listener in ready:
-                pidfd, pid, connection = _start(listener, jobs)
-                jobs[pidfd] = pid, connection
+                started = _start(listener, jobs)
+                if started is not None:
+                    jobs[started[0]] = started[1:]
             for pidfd in [fd for fd in ready if isinstance(fd, int)]:
                 _finish(pidfd, *jobs.pop(pidfd))
     finally:
@@ -67,9 +69,14 @@ def serve(path: str, preload: list[str]) -> None:
             _kill_group(pid)
 
 
-def _start(listener: socket.socket, jobs: dict) -> tuple[int, int, socket.socket]:
+def _start(listener: socket.socket, jobs: dict) -> tuple[int, int, socket.socket] | None:
+    """Fork the job a new connection brings; None, and nothing lost, if it brings none."""
     connection, _ = listener.accept()
-    job, fds = _receive(connection)
+    try:
+        job, fds = _receive(connection)
+    except (OSError, ValueError):  # a client gone mid-message: the other jobs run on
+        connection.close()
+        return None
     sys.stdout.flush(), sys.stderr.flush()  # nothing buffered is written twice
     pid = os.fork()
     if pid == 0:
@@ -77,6 +84,7 @@ def _start(listener: socket.socket, jobs: dict) -> tuple[int, int, socket.socket
         connection.close()
         _become(job, fds)
         _run(job["argv"][1:])  # never returns: the child exits by SystemExit
+    _own_group(pid)  # here too, so that a kill right after the fork finds the group
     for fd in fds:
         os.close(fd)
     connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -86,12 +94,19 @@ def _start(listener: socket.socket, jobs: dict) -> tuple[int, int, socket.socket
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
     """A job: one JSON line, the two descriptors coming with its first bytes."""
     data, fds, _, _ = socket.recv_fds(connection, 1 << 16, 2)
-    while not data.endswith(b"\n"):
-        more = connection.recv(1 << 16)
-        if not more:
-            raise ConnectionError("the client went away mid-job")
-        data += more
-    return json.loads(data), fds
+    try:
+        while not data.endswith(b"\n"):
+            more = connection.recv(1 << 16)
+            if not more:
+                raise ConnectionError("the client went away mid-job")
+            data += more
+        if len(fds) != 2:
+            raise ValueError(f"a job comes with 2 descriptors, not {len(fds)}")
+        return json.loads(data), fds
+    except (OSError, ValueError):
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _leave_server(listener: socket.socket, jobs: dict) -> None:
@@ -113,6 +128,14 @@ def _finish(pidfd: int, pid: int, connection: socket.socket) -> None:
     connection.close()
 
 
+def _own_group(pid: int) -> None:
+    """Make `pid` the leader of a process group of its own (it does so itself as well)."""
+    try:
+        os.setpgid(pid, pid)
+    except OSError:
+        pass  # it has done so already, or has exited: either way the group is settled
+
+
 def _kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
@@ -124,7 +147,7 @@ def _kill_group(pid: int) -> None:
 
 
 def _become(job: dict, fds: list[int]) -> None:
-    os.setpgid(0, 0)  # its own group: a timeout kills it and whatever it started
+    _own_group(0)  # its own group: a timeout kills it and whatever it started
     devnull = os.open(os.devnull, os.O_RDONLY)
     for target, fd in enumerate([devnull, *fds]):
         os.dup2(fd, target)
@@ -236,6 +259,10 @@ class WarmPython:
             except (TimeoutError, socket.timeout):
                 _kill_group(pid)
                 raise subprocess.TimeoutExpired(argv, timeout) from None
+            except (OSError, ValueError, KeyError) as e:  # the server died under the job
+                self.ready = False
+                _kill_group(pid)
+                raise WarmGone(f"the warm server went away during the job: {e}") from e
             return subprocess.CompletedProcess(argv, returncode, _read(out), _read(err))
 
     def _send(self, job: dict, connection: socket.socket, replies, fds: list[int]) -> int:
@@ -253,8 +280,11 @@ class WarmPython:
 
 
 def _read(file) -> str:
+    """What the job wrote, as `subprocess.run(text=True)` gives it: decoded in the locale's
+    encoding, with universal newlines (\\r\\n and \\r become \\n)."""
     file.seek(0)
-    return file.read().decode("utf-8", errors="replace")
+    text = file.read().decode(locale.getpreferredencoding(False))
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 BASE_PATH = sys.path[1:]  # the interpreter's own entries, without this script's folder

@@ -2,8 +2,10 @@
 and a job that hangs, a tool that goes away or a server that is gone loses nothing."""
 
 import json
+import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +15,7 @@ import yaml
 from bookmaker import steps
 from stepslib import check, runner
 from stepslib.book import load_book
-from stepslib.warm import WarmPython
+from stepslib.warm import WarmGone, WarmPython
 
 SHOW = '''\
 import json, os, random, sys
@@ -56,6 +58,45 @@ def test_a_script_sees_what_a_new_process_sees(warm, tmp_path):
     assert got == want
     assert want["argv"] == ["show.py", "a b", "c"] and want["in_path"] and want["env"] == "7"
     assert forked.stderr == fresh.stderr == "to stderr\n"
+
+
+def test_output_is_read_as_subprocess_reads_text(warm, tmp_path):
+    """Universal newlines: a progress bar's \\r and a Windows line end come back as \\n."""
+    (tmp_path / "lines.py").write_text(
+        "import sys\nsys.stdout.write('a\\r\\nb\\rc\\n')\nsys.stderr.write('é\\r')\n")
+    forked, fresh = _both(warm, ["lines.py"], tmp_path, _env(tmp_path))
+    assert (forked.stdout, forked.stderr) == (fresh.stdout, fresh.stderr) == ("a\nb\nc\n", "é\n")
+
+
+def test_a_client_gone_mid_message_loses_no_other_job(warm, tmp_path):
+    """A connection that closes before its job is whole: the server goes on serving."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as half:
+        half.connect(warm.path)
+        half.sendall(b'{"argv": ')
+    done = warm.run([sys.executable, "-c", "print('served')"], tmp_path, _env(tmp_path), 60)
+    assert done.stdout == "served\n"
+
+
+def test_a_server_that_dies_under_a_job_says_so_and_kills_the_job(tmp_path):
+    server = WarmPython(runner.server_env(), ())
+    assert server.usable()
+    marker = tmp_path / "job.pid"
+    (tmp_path / "waits.py").write_text(
+        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+    killer = threading.Thread(target=_kill_when_started, args=(server, marker), daemon=True)
+    killer.start()
+    with pytest.raises(WarmGone):
+        server.run([sys.executable, "waits.py"], tmp_path, _env(tmp_path), 120)
+    assert server.ready is False and _gone(int(marker.read_text()))
+    server.close()
+
+
+def _kill_when_started(server: WarmPython, marker: Path) -> None:
+    for _ in range(600):  # bounded: at most 60 s for the job to start
+        if marker.is_file() and marker.read_text():
+            break
+        time.sleep(0.1)
+    server.server.kill()
 
 
 def test_two_jobs_draw_different_random_numbers(warm, tmp_path):
@@ -130,7 +171,6 @@ def test_closing_the_tool_kills_running_jobs(tmp_path):
     marker = tmp_path / "job.pid"
     (tmp_path / "waits.py").write_text(
         f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
-    import threading
     job = threading.Thread(target=_run_quietly, args=(server, tmp_path), daemon=True)
     job.start()
     for _ in range(600):  # bounded: at most 60 s for the job to start
@@ -223,8 +263,8 @@ def test_check_runs_the_longest_chapters_first_and_records_what_each_took(book):
     assert sorted(recorded) == ["ch02", "ch03"] and all(s > 0 for s in recorded.values())
     (book / ".steps-cache" / "seconds.json").write_text(
         json.dumps({"ch01": 50.0, "ch02": 1.0, "ch03": 9.0}))
-    chapters = load_book(book).chapters
-    ordered = sorted(chapters, key=lambda c: check._expected_seconds(load_book(book), c),
+    recorded = check._seconds(load_book(book))
+    ordered = sorted(load_book(book).chapters, key=lambda c: check._expected_seconds(recorded, c),
                      reverse=True)
     assert [c.id for c in ordered] == ["ch01", "ch03", "ch02"]
 
