@@ -1,0 +1,67 @@
+"""Chapter 22's benchmark checkpoint: ``benchmark/make_checkpoint.py`` writes a folder of a named
+shape that ``LLM(path)``, the server and upstream's ``bench.py`` load like a downloaded model: its
+weights are transformers' own, so the engine's greedy tokens equal transformers', and its
+word-level tokenizer decodes every id the model can sample.
+
+The script lives in ``benchmark/``, which no chapter's tree holds: there these tests skip."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import ROOT
+
+BENCHMARK = ROOT / "benchmark"
+pytestmark = pytest.mark.skipif(not (BENCHMARK / "make_checkpoint.py").exists(),
+                                reason="benchmark/ is not part of a chapter's tree")
+
+
+def _benchmark(name: str) -> Any:
+    sys.path.insert(0, str(BENCHMARK))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(BENCHMARK))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    make = _benchmark("make_checkpoint")
+    return make.make_checkpoint("tiny", tmp_path_factory.mktemp("ckpt") / "tiny", "cpu")
+
+
+def test_the_folder_holds_the_shape_and_a_tokenizer_of_its_whole_vocabulary(checkpoint):
+    from ch15_measure import SHAPES
+    from transformers import AutoTokenizer
+
+    config = json.loads((checkpoint / "config.json").read_text())
+    for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim"):
+        assert config[key] == SHAPES["tiny"][key]
+    tok = AutoTokenizer.from_pretrained(checkpoint)
+    vocab = SHAPES["tiny"]["vocab_size"]
+    assert len(tok) == vocab  # no added token: EOS lies inside the vocabulary
+    ids = [0, 1, 17, vocab // 2, vocab - 1]
+    assert tok.encode(tok.decode(ids), add_special_tokens=False) == ids
+    assert tok.eos_token_id == vocab - 1  # the tiny shape's EOS (151,645) lies outside
+
+
+def test_llm_on_the_checkpoint_gives_transformers_greedy_tokens(checkpoint):
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+    from transformers import AutoModelForCausalLM
+
+    prompts = [[5, 9, 200, 31], [7] * 3, list(range(100, 111))]
+    llm = LLM(str(checkpoint), device="cpu", num_pages=256, page_size=4)
+    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=6)
+    ours = [out["token_ids"] for out in llm.generate(prompts, params)]
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    for prompt, tokens in zip(prompts, ours):
+        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=6,
+                             min_new_tokens=6, eos_token_id=None, pad_token_id=0)
+        assert tokens == out[0, len(prompt):].tolist()
