@@ -2,9 +2,10 @@
 
 Every text a reader meets is searched: the chapters, the repository's README, the benchmarks'
 README, the exercises' statements, the website's home page and the stage and chapter titles its
-navigation shows. None may speak of the issues the book was planned in, of who wrote or
-reviewed it, of "the page" it was modelled on, or of "the project's" machine: a reader has none
-of these. A measurement names its machine, its command and its date instead.
+navigation shows; and each chapter again with its directives expanded, for the code and tests
+it shows. None may speak of the issues the book was planned in, of who wrote or reviewed it, of
+"the page" it was modelled on, or of "the project's" machine: a reader has none of these. A
+measurement names its machine, its command and its date instead.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from stepslib.book import load_book
+from stepslib.render import render_chapter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,9 +53,9 @@ ALLOWED = [
             "the website's link by which a reader reports a problem in the book's repository"),
     Allowed("chapters/ch18_overlap/README.md", r"Its issues and pull requests on overlap",
             "upstream's GitHub issues, cited for the bugs they record"),
-    Allowed("chapters/ch14_shell/README.md",
-            r"the sampling parameters are the session's|a shell session|the main's session",
-            "a session of the interactive shell, the chapter's subject"),
+    Allowed("chapters/ch14_shell/README.md", r"\bsessions?\b",
+            "a session of the interactive shell (prompt_toolkit's PromptSession), the chapter's "
+            "subject"),
 ]
 
 
@@ -90,6 +93,13 @@ def unnamed_stages(text: str, count: int) -> list[int]:
             if not re.search(rf"\bstage\s+{n}\b", text, re.IGNORECASE)]
 
 
+def rendered_chapters() -> dict[str, str]:
+    """Each chapter's text with its directives expanded, by the path of its README: the code,
+    tests and prints the reader sees beside the prose."""
+    book = load_book(ROOT)
+    return {f"{c.folder}/README.md": render_chapter(book, c) for c in book.chapters}
+
+
 TEXTS = texts()
 
 
@@ -98,6 +108,29 @@ def test_no_text_speaks_of_the_book_s_making(path: str):
     allowed = [a for a in ALLOWED if a.path == path]
     found = hits(TEXTS[path], allowed)
     assert not found, f"{path} speaks of the book's making:\n" + "\n".join(found)
+
+
+# Code the chapters show whose comments still speak of the making; each mark goes with its fix
+# (a strict xfail: the test fails once the text is clean, so that the mark is removed).
+SHOWN_CODE_TO_FIX = {
+    "chapters/ch21_fast_moe/README.md":
+        "python/minisgl/moe/configs.py, default_config's docstring: \"the page's exercise 1\"",
+}
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, str]:
+    return rendered_chapters()
+
+
+@pytest.mark.parametrize("path", [
+    pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=SHOWN_CODE_TO_FIX[path]))
+    if path in SHOWN_CODE_TO_FIX else path
+    for path in sorted(p for p in TEXTS if p.startswith("chapters/"))])
+def test_no_code_a_chapter_shows_speaks_of_the_making(path: str, rendered: dict[str, str]):
+    allowed = [a for a in ALLOWED if a.path == path]
+    found = hits(rendered[path], allowed)
+    assert not found, f"{path}, directives expanded:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("path", ["README.md", "tools/site_assets/home.md"])
