@@ -144,7 +144,8 @@ def free_port() -> int:
 def launched(model: str, server_args: str) -> Iterator[str]:
     """``python -m minisgl`` on a free port; its base URL once /health answers."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    paths = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]  # keep the caller's
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
     cmd = [sys.executable, "-m", "minisgl", "--model", model, "--host", "127.0.0.1",
            "--port", str(port), *shlex.split(server_args)]
     proc = subprocess.Popen(cmd, env=env)
