@@ -1,6 +1,6 @@
-"""Chapter 22: the fused residual add + RMSNorm and the exponential-race sampler against the torch
-formulas they replace, the page table filled by one scatter, and the attention metadata's rows
-padded to 16-byte boundaries.
+"""Chapter 22: the fused residual add + RMSNorm, the fused q/k norm + rotary embedding and the
+exponential-race sampler against the torch formulas they replace, the page table filled by one
+scatter, and the attention metadata's rows padded to 16-byte boundaries.
 
 The Triton kernels run on a CPU in interpreter mode (TRITON_INTERPRET=1 must be set before
 triton is imported).
@@ -17,9 +17,11 @@ from minisgl.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm  # noqa: E402
+from minisgl.kernel.fused_rope import qk_norm_rope  # noqa: E402
 from minisgl.kernel.fused_sample import FusedSampler, race_sample  # noqa: E402
 from minisgl.kvcache import create_prefix_cache  # noqa: E402
-from minisgl.layers.norm import add_then_rms_norm  # noqa: E402
+from minisgl.layers.norm import add_then_rms_norm, rms_norm  # noqa: E402
+from minisgl.layers.rotary import RotaryEmbedding  # noqa: E402
 from minisgl.models.config import ModelConfig  # noqa: E402
 from minisgl.scheduler.cache import CacheManager  # noqa: E402
 
@@ -40,6 +42,31 @@ for dtype in (torch.float32, torch.bfloat16):
     print(f"add + RMSNorm [5, 300] {name}: the sum equal to torch's: "
           f"{torch.equal(new_sum, want_sum)}, within 1 step ({step:.1e}): {sum_close}; "
           f"the output within 2 steps: {out_close}")
+
+# ---- q/k norm + rotary embedding in one kernel, in place in the qkv GEMM's output
+tokens, q_heads, kv_heads, head_dim = 5, 4, 2, 80  # half of 80 is not a power of two
+sizes = [q_heads * head_dim, kv_heads * head_dim, kv_heads * head_dim]
+qkv = torch.randn(tokens, sum(sizes), generator=gen)
+q_weight, k_weight = (1.0 + 0.5 * torch.randn(head_dim, generator=gen) for _ in range(2))
+rope = RotaryEmbedding(head_dim, 64, 10000.0)
+positions = torch.tensor([63, 0, 17, 2, 32])
+for with_norm in (False, True):
+    q, k, v = (t.unflatten(-1, (-1, head_dim)) for t in qkv.clone().split(sizes, dim=-1))
+    want_q, want_k = q, k  # torch's path: rms_norm (Qwen3), then _rotate
+    if with_norm:
+        want_q, want_k = rms_norm(q, q_weight, 1e-6), rms_norm(k, k_weight, 1e-6)
+    want_q, want_k = rope.forward(positions, want_q, want_k)
+    v_before = v.clone()
+    weights = (q_weight, k_weight) if with_norm else (None, None)
+    qk_norm_rope(positions, q, k, rope._cos_sin_cache, *weights, eps=1e-6)  # q, k in place
+    if with_norm:  # the norm's sum of squares adds in another order than torch's mean
+        largest = max(float((q - want_q).abs().max() / want_q.abs().max()),
+                      float((k - want_k).abs().max() / want_k.abs().max()))
+        verdict = f"within 1e-6 of torch's (of the largest value): {largest < 1e-6}"
+    else:
+        verdict = f"equal to torch's: {torch.equal(q, want_q) and torch.equal(k, want_k)}"
+    print(f"{'q/k norm + ' if with_norm else ''}rotary [5, 4 + 2 heads, 80] float32 in place: "
+          f"{verdict}; v untouched: {torch.equal(v, v_before)}")
 
 # ---- sampling by the exponential race
 logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0])

@@ -20,9 +20,11 @@ import torch  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
+from minisgl.kernel.fused_rope import qk_norm_rope  # noqa: E402
 from minisgl.kernel.fused_sample import BLOCK_V, FusedSampler, race_sample  # noqa: E402
 from minisgl.layers.norm import RMSNormFused, add_then_rms_norm  # noqa: E402
 from minisgl.layers.norm import rms_norm as torch_rms_norm  # noqa: E402
+from minisgl.layers.rotary import RotaryEmbedding  # noqa: E402
 
 CUDA = torch.cuda.is_available()
 on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
@@ -107,6 +109,129 @@ def test_qk_rms_norm_at_qwen3_shapes():
     x, _, weight = norm_inputs(256 * 24, 128, torch.bfloat16, "cuda", 3)
     x = x.view(256, 24, 128)
     assert_close(rms_norm(x, weight, 1e-6), torch_rms_norm(x, weight, 1e-6), steps=2)
+
+
+# ---- q/k norm + rotary embedding in one kernel -------------------------------------------------
+
+
+def qkv_views(num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+              dtype: torch.dtype, device: str, seed: int):
+    """q, k, v cut from one qkv tensor as the decoder cuts the merged GEMM's output: [T, heads,
+    D] views whose token stride is the whole qkv row. Every third token is scaled by 1e-3, so
+    that its heads' mean square is about eps and a wrong eps shows."""
+    gen = torch.Generator().manual_seed(seed)
+    sizes = [h * head_dim for h in (num_q_heads, num_kv_heads, num_kv_heads)]
+    scale = torch.tensor([1.0, 3.0, 1e-3])[torch.arange(num_tokens) % 3, None]
+    qkv = (torch.randn(num_tokens, sum(sizes), generator=gen) * scale).to(device, dtype)
+    return tuple(t.unflatten(-1, (-1, head_dim)) for t in qkv.split(sizes, dim=-1))
+
+
+def spread_positions(num_tokens: int, max_position: int, device: str) -> torch.Tensor:
+    """The table's last row first, then steps of 37 around it: no two neighbours alike. A view
+    of a longer buffer, as a CUDA graph's positions are, so a read past the end reads a row."""
+    spread = torch.arange(num_tokens + 1, device=device) * 37 + max_position - 1
+    return (spread % max_position)[:num_tokens]
+
+
+def norm_weights(head_dim: int, dtype: torch.dtype, device: str) -> List[torch.Tensor]:
+    gen = torch.Generator().manual_seed(head_dim)
+    return [(1.0 + 0.5 * torch.randn(head_dim, generator=gen)).to(device, dtype)
+            for _ in range(2)]
+
+
+def assert_rotated_close(ours: torch.Tensor, want: torch.Tensor, steps: float) -> None:
+    """Within ``steps`` of the dtype at each pair's length. A rotation mixes dims i and i + D/2:
+    a value rotated near 0 keeps the absolute error of its inputs, which are the size of the
+    pair's length (sqrt(x_i^2 + x_{i+D/2}^2), the same before and after the rotation)."""
+    assert ours.dtype == want.dtype and ours.shape == want.shape
+    first, second = want.float().chunk(2, dim=-1)
+    length = torch.cat([first.hypot(second)] * 2, dim=-1).clamp_min(1e-30)
+    worst = float(((ours.float() - want.float()).abs() / length).max())
+    assert worst <= steps * torch.finfo(ours.dtype).eps, f"{worst:.3g} off ({ours.dtype})"
+
+
+def check_qk_norm_rope(num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                       dtype: torch.dtype, with_norm: bool, device: str, steps: float,
+                       max_position: int = 64) -> float:
+    """The kernel in place on views of one qkv tensor, against ``rms_norm`` and ``_rotate``
+    (the torch path): q and k within ``steps``, their storage the same, v untouched. Returns
+    the share of q's and k's values that are not torch's exactly."""
+    with torch.device(device):
+        rope = RotaryEmbedding(head_dim, max_position, 10000.0)
+    seed = num_tokens * 1000 + num_q_heads * 10 + head_dim
+    q, k, v = qkv_views(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype, device, seed)
+    positions = spread_positions(num_tokens, max_position, device)
+    weights = norm_weights(head_dim, dtype, device) if with_norm else [None, None]
+    want_q, want_k = q, k
+    if with_norm:
+        want_q, want_k = torch_rms_norm(q, weights[0], 1e-6), torch_rms_norm(k, weights[1], 1e-6)
+    want_q, want_k = rope.forward(positions, want_q, want_k)
+    v_before = v.clone()
+    got_q, got_k = qk_norm_rope(positions, q, k, rope._cos_sin_cache, *weights, eps=1e-6)
+    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
+    assert_rotated_close(q, want_q, steps)
+    assert_rotated_close(k, want_k, steps)
+    assert torch.equal(v, v_before)
+    return float(torch.cat([(q != want_q).flatten(), (k != want_k).flatten()]).float().mean())
+
+
+# Steps of the dtype at a pair's length (assert_rotated_close), without the q/k norms and with
+# them. Without, the kernel computes torch's formula (float32 products, one rounding): float32
+# and float16 are exact, and bfloat16 one step, as Triton's interpreter truncates it where torch
+# rounds to nearest. With the norms, the kernel's sum of squares adds in another order than
+# torch's mean (about two steps of float32 in a normed value, times sqrt(2) in the rotation),
+# and the interpreter truncates bfloat16 at each of three roundings (norm, weight, rotation).
+ROPE_STEPS = {False: {torch.float32: 0.0, torch.bfloat16: 1.0, torch.float16: 0.0},
+              True: {torch.float32: 3.0, torch.bfloat16: 3.0, torch.float16: 1.0}}
+
+
+@pytest.mark.parametrize("with_norm", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [8, 80, 128])
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(2, 2), (6, 2), (16, 1)])
+def test_qk_norm_rope_equals_the_torch_path(num_q_heads, num_kv_heads, head_dim, dtype,
+                                            with_norm):
+    """GQA 1, 3 and 16, head dims 8, 80 (half of it not a power of two) and 128, one token and
+    five, with Qwen3's q/k norms and without. float16 is rounded as torch rounds it, the
+    interpreter too: where torch rounds, so must the kernel (skipping one moves about a fifth
+    of the values)."""
+    for num_tokens in (1, 5):
+        differ = check_qk_norm_rope(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype,
+                                    with_norm, DEVICE, ROPE_STEPS[with_norm][dtype])
+        if dtype == torch.float16:
+            assert differ < 0.01, f"{differ:.1%} of the values differ from torch's"
+
+
+# On a GPU both sides round to nearest: bfloat16 within one step, and nearly every value torch's
+# (on an H200, at most one in 12,000 differed); float32 as in the interpreter.
+ROPE_STEPS_CUDA = {torch.float32: 3.0, torch.bfloat16: 1.0}
+
+
+def check_qk_norm_rope_on_cuda(num_tokens: int, num_q_heads: int, num_kv_heads: int,
+                               head_dim: int, dtype: torch.dtype, with_norm: bool,
+                               max_position: int = 64) -> None:
+    """Without the q/k norms the kernel is torch's formula exactly, in either dtype."""
+    steps = ROPE_STEPS_CUDA[dtype] if with_norm else 0.0
+    differ = check_qk_norm_rope(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype,
+                                with_norm, "cuda", steps, max_position)
+    if dtype == torch.bfloat16:
+        assert differ < 1e-3, f"{differ:.2%} of the values differ from torch's"
+
+
+@on_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qk_norm_rope_at_qwen3_shapes(dtype):
+    """Qwen3-0.6B: 16 q heads and 8 KV heads of 128, a decode batch of 256, its 40,960 rows."""
+    check_qk_norm_rope_on_cuda(256, 16, 8, 128, dtype, True, max_position=40960)
+
+
+@on_cuda
+@pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 80, 96, 128, 256])
+@pytest.mark.parametrize("num_q_heads, num_kv_heads", [(4, 4), (12, 4), (16, 1)])
+def test_qk_norm_rope_head_dims_on_cuda(num_q_heads, num_kv_heads, head_dim):
+    for dtype in (torch.float32, torch.bfloat16):
+        for with_norm in (True, False):
+            check_qk_norm_rope_on_cuda(37, num_q_heads, num_kv_heads, head_dim, dtype, with_norm)
 
 
 # ---- sampling ----------------------------------------------------------------------------------
@@ -311,13 +436,18 @@ def tiny_llm(path: Path, device: str) -> Any:
     return LLM(str(path), device=device, page_size=4, num_pages=128, max_running_req=8)
 
 
-def test_on_a_cpu_the_torch_path_stays(tiny_models):
-    """A CPU engine keeps chapter 4's sampler, and the decoder's norm returns a new sum (the
-    kernel would write it into ``residual``): every earlier chapter's prints stay as they were."""
+def test_on_a_cpu_the_torch_path_stays(tiny_models, monkeypatch):
+    """A CPU engine keeps chapter 4's sampler and torch's q/k norms and rotary embedding, and
+    the decoder's norm returns a new sum (the kernel would write it into ``residual``): every
+    earlier chapter's prints stay as they were."""
+    from helpers import greedy
     from minisgl.engine.sample import Sampler
 
+    rope = CountedCalls(monkeypatch, "fused_rope", "qk_norm_rope")
     llm = tiny_llm(tiny_models["qwen3"], "cpu")
     assert type(llm.scheduler.engine.sampler) is Sampler
+    assert len(llm.generate(PROMPTS[:1], [greedy(2)])[0]["token_ids"]) == 2
+    assert rope.calls == 0
     x, residual, weight = norm_inputs(3, 16, torch.float32, "cpu", 4)
     norm = RMSNormFused(16)
     norm.weight = weight
@@ -326,41 +456,46 @@ def test_on_a_cpu_the_torch_path_stays(tiny_models):
     assert torch.equal(out, add_then_rms_norm(x, residual, weight, 1e-6)[0])
 
 
-class CountedNorm:
-    """Counts the calls to ``fused_norm.add_rms_norm`` (the decoder imports it when it runs)."""
+class CountedCalls:
+    """Counts the calls to a chapter-22 kernel's function (the decoder imports it when it runs):
+    ``fused_norm.add_rms_norm`` or ``fused_rope.qk_norm_rope``."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        import minisgl.kernel.fused_norm as fused_norm
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: str, name: str) -> None:
+        import importlib
 
-        self.calls, real = 0, fused_norm.add_rms_norm
+        kernels = importlib.import_module(f"minisgl.kernel.{module}")
+        self.calls, real = 0, getattr(kernels, name)
 
-        def counted(*args: Any) -> Any:
+        def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls += 1
-            return real(*args)
+            return real(*args, **kwargs)
 
-        monkeypatch.setattr(fused_norm, "add_rms_norm", counted)
+        monkeypatch.setattr(kernels, name, counted)
 
 
 @on_cuda
 @pytest.mark.parametrize("family", DENSE)
 def test_fused_engine_gives_transformers_greedy_tokens(tiny_models, family, monkeypatch):
     """float32 on the GPU with the fused kernels wired in (CUDA graphs on): every dense tiny
-    family's greedy tokens equal transformers'; the decoder went through the fused norm."""
+    family's greedy tokens equal transformers'; the decoder went through the fused norm and
+    the fused q/k norm + rotary (Qwen3 with its q/k norms, the others rotary alone)."""
     from helpers import greedy, hf_greedy
 
-    counted = CountedNorm(monkeypatch)
+    norm = CountedCalls(monkeypatch, "fused_norm", "add_rms_norm")
+    rope = CountedCalls(monkeypatch, "fused_rope", "qk_norm_rope")
     llm = tiny_llm(tiny_models[family], "cuda")
     assert isinstance(llm.scheduler.engine.sampler, FusedSampler)
     assert llm.scheduler.engine.graph_runner.graphs
     ours = [out["token_ids"] for out in llm.generate(PROMPTS, [greedy(12)] * len(PROMPTS))]
-    assert counted.calls > 0
+    assert norm.calls > 0 and rope.calls > 0
     assert ours == hf_greedy(tiny_models[family], PROMPTS, 12)
 
 
 @on_cuda
 def test_the_switch_turns_the_fused_kernels_off(tiny_models, monkeypatch):
-    """``MINISGL_DISABLE_FUSED_KERNELS=1``: torch's sampler and norm on the GPU, the same greedy
-    tokens; seeded draws of either sampler repeat when the batch around them changes."""
+    """``MINISGL_DISABLE_FUSED_KERNELS=1``: torch's sampler, norms and rotary on the GPU, the
+    same greedy tokens; seeded draws of either sampler repeat when the batch around them
+    changes."""
     from helpers import greedy
     from minisgl.engine.sample import Sampler
 
@@ -368,18 +503,19 @@ def test_the_switch_turns_the_fused_kernels_off(tiny_models, monkeypatch):
         llm = tiny_llm(tiny_models["qwen3"], "cuda")
         return [out["token_ids"] for out in llm.generate(prompts, params)]
 
-    counted = CountedNorm(monkeypatch)
+    norm = CountedCalls(monkeypatch, "fused_norm", "add_rms_norm")
+    rope = CountedCalls(monkeypatch, "fused_rope", "qk_norm_rope")
     fused = run(PROMPTS, [greedy(12)] * len(PROMPTS))
     seeded = SamplingParams(temperature=0.9, max_tokens=10, ignore_eos=True, seed=5)
     alone = run(PROMPTS[:1], [seeded])
     beside = run(PROMPTS, [seeded] + [SamplingParams(temperature=0.9, max_tokens=10)] * 5)
     assert beside[0] == alone[0]
     monkeypatch.setenv("MINISGL_DISABLE_FUSED_KERNELS", "1")
-    calls = counted.calls
+    calls = norm.calls, rope.calls
     llm = tiny_llm(tiny_models["qwen3"], "cuda")
     assert type(llm.scheduler.engine.sampler) is Sampler
     plain = [out["token_ids"] for out in llm.generate(PROMPTS, [greedy(12)] * len(PROMPTS))]
-    assert counted.calls == calls and plain == fused
+    assert (norm.calls, rope.calls) == calls and plain == fused
 
 
 # ---- the attention backend's length rows: 16-byte aligned at any batch size ---------------------

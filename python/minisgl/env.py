@@ -35,5 +35,6 @@ def disable_overlap_scheduling() -> bool:
 
 def disable_fused_kernels() -> bool:
     """``MINISGL_DISABLE_FUSED_KERNELS=1`` (or true, yes): on a GPU, the decoder's residual add +
-    RMSNorm and the sampler run as torch operations, not chapter 22's Triton kernels."""
+    RMSNorm, its q/k norms + rotary embedding and the sampler run as torch operations, not
+    chapter 22's Triton kernels."""
     return os.environ.get("MINISGL_DISABLE_FUSED_KERNELS", "").lower() in ("1", "true", "yes")

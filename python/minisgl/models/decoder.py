@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from minisgl.core import get_global_ctx
+from minisgl.env import disable_fused_kernels
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.base import BaseOP
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -43,10 +44,24 @@ class DecoderAttention(BaseOP):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv_proj.split(self.qkv_proj.forward(x))
         q, k, v = (t.unflatten(-1, (-1, self.head_dim)) for t in (q, k, v))  # [T, heads, D]
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm.forward(q), self.k_norm.forward(k)
-        q, k = self._rotary.forward(positions, q, k)
+        q, k = self.norm_and_rotate(q, k, positions)
         return self.o_proj.forward(self.attn.forward(q, k, v).flatten(-2))
+
+    def norm_and_rotate(self, q: torch.Tensor, k: torch.Tensor,
+                        positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The q/k norms (Qwen3), then RoPE. On a GPU one Triton kernel does both, in place in
+        the qkv GEMM's output (chapter 22); torch's path returns new tensors."""
+        q_norm, k_norm = self.q_norm, self.k_norm
+        if q.is_cuda and not disable_fused_kernels():
+            from minisgl.kernel.fused_rope import qk_norm_rope  # Triton, chapter 22
+
+            if q_norm is None or k_norm is None:
+                return qk_norm_rope(positions, q, k, self._rotary._cos_sin_cache)
+            return qk_norm_rope(positions, q, k, self._rotary._cos_sin_cache, q_norm.weight,
+                                k_norm.weight, q_norm.eps)
+        if q_norm is not None and k_norm is not None:
+            q, k = q_norm.forward(q), k_norm.forward(k)
+        return self._rotary.forward(positions, q, k)
 
 
 class DecoderLayer(BaseOP):
