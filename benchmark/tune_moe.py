@@ -5,7 +5,7 @@
     PYTHONPATH=python python benchmark/tune_moe.py --quick   # on a CPU: a crash check only
 
 For each token count T: route random logits once, then for each BLOCK_M that suits T (pairs
-per expert, the page's exercise 1) align the pairs and time every candidate of each GEMM
+per expert, chapter 20's exercise 1) align the pairs and time every candidate of each GEMM
 (BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages, and each TAIL_SPLIT whose parts keep 16
 rows) as CUDA-graph replays (``triton.testing.do_bench_cudagraph``); ``--block-m`` narrows the
 tile heights to those given. The BLOCK_M whose two best GEMMs sum to the least time
@@ -75,7 +75,7 @@ def parse_args() -> argparse.Namespace:
 
 def block_ms(num_tokens: int, topk: int, num_experts: int,
              only: List[int] | None = None) -> List[int]:
-    """The tile heights worth trying for the mean pairs per expert (the page's exercise 1):
+    """The tile heights worth trying for the mean pairs per expert (chapter 20's exercise 1):
     16 (tl.dot's smallest) while experts get few pairs, 128 once they get many, 64 between;
     of those, the ones in ``only`` if given (a shorter search)."""
     per_expert = num_tokens * topk / num_experts

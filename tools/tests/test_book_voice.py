@@ -112,10 +112,7 @@ def test_no_text_speaks_of_the_book_s_making(path: str):
 
 # Code the chapters show whose comments still speak of the making; each mark goes with its fix
 # (a strict xfail: the test fails once the text is clean, so that the mark is removed).
-SHOWN_CODE_TO_FIX = {
-    "chapters/ch21_fast_moe/README.md":
-        "python/minisgl/moe/configs.py, default_config's docstring: \"the page's exercise 1\"",
-}
+SHOWN_CODE_TO_FIX: dict[str, str] = {}  # chapter -> why its shown code still fails
 
 
 @pytest.fixture(scope="module")
