@@ -469,7 +469,7 @@ async def _one_client(http: httpx.AsyncClient, i: int) -> str:
     return f"{usage['completion_tokens'] == 8 + i % 5} {reasons[-1]}"
 
 
-# the 200 clients: MINISGL_TEST_LOAD_CLIENTS=200 (about a minute on two cores)
+# the full load of 200 clients: MINISGL_TEST_LOAD_CLIENTS=200 (about a minute on two cores)
 LOAD_CLIENTS = int(os.environ.get("MINISGL_TEST_LOAD_CLIENTS", "40"))
 
 
