@@ -636,3 +636,15 @@ def test_sigterm_cuts_what_outlives_the_drain_and_exits_0_within_the_bound(own_s
         with contextlib.suppress(ProcessLookupError):  # gone already, as it should be
             os.kill(scheduler, signal.SIGCONT)
         srv.stop()
+
+
+def test_the_scheduler_processs_module_imports_no_web_server_or_tokenizer():
+    """The scheduler process imports launch.py for its target: uvicorn, FastAPI and
+    transformers would cost it 1.5 CPU-seconds of imports at each start, for nothing."""
+    code = ("import sys, minisgl.server.launch; "
+            "print(sorted({'uvicorn', 'fastapi', 'transformers'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+                         timeout=START_TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -1029,7 +1029,7 @@ def shell_session(model: str) -> list[dict]:
     """The ch14 main's session through the real ``Shell``: two turns, /reset, a long reply
     stopped after 6 pieces; every scheduler step's pages."""
     from minisgl.core import SamplingParams
-    from minisgl.server.api_server import SchedulerStats
+    from minisgl.server.launch import SchedulerStats
     from minisgl.shell import Shell
 
     chat = LockstepChat(model, SchedulerStats())

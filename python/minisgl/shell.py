@@ -43,9 +43,8 @@ from minisgl.message import (
     UserReply,
 )
 from minisgl.models import ModelConfig
-from minisgl.server.api_server import SchedulerStats
 from minisgl.server.args import ServerArgs
-from minisgl.server.launch import send_exit_msg, start_workers
+from minisgl.server.launch import SchedulerStats, send_exit_msg, start_workers
 from minisgl.tokenizer import tokenize_request
 from minisgl.utils.hf import read_hf_config, resolve_model_dir
 from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue

@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP API: the routes, the request models, errors in OpenAI's shape, the
-API key, the Prometheus metrics, and the frontend's end of the queues to the tokenizer worker.
+API key, the Prometheus metrics, the frontend's end of the queues to the tokenizer worker, and
+uvicorn's server with a bounded shutdown.
 
 A request's path: the route checks it and makes its ``SamplingParams``; ``Frontend.generate``
 sends a ``TokenizeMsg`` and yields the ``UserReply`` pieces the detokenizer sends back, which the
@@ -11,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import multiprocessing as mp
 import secrets
 import time
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Sequence
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -45,6 +46,9 @@ from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs
+
+if TYPE_CHECKING:
+    from .launch import SchedulerStats
 
 logger = init_logger(__name__)
 
@@ -157,33 +161,6 @@ def stop_strings(stop: str | List[str] | None) -> List[str]:
     return stops
 
 
-# ---------------------------------------------------------------- the scheduler's gauges
-STAT_NAMES = ("num_running_reqs", "num_waiting_reqs", "kv_pages_total", "kv_pages_free",
-              "kv_pages_cached")
-
-
-class SchedulerStats:
-    """The scheduler's state, in memory shared with the scheduler process: it writes after each
-    step (``publish``), ``/metrics`` reads. Each number is written whole; a read during a step
-    may mix two steps' numbers, which a gauge tolerates."""
-
-    def __init__(self, array: Any = None):
-        self.array = array if array is not None else mp.get_context("spawn").Array(
-            "q", len(STAT_NAMES), lock=False)
-
-    def publish(self, scheduler: Any) -> None:
-        """In the scheduler process. A request holds a row of the table from its admission;
-        cached pages are those only the prefix cache holds (it may evict them)."""
-        s, cache = scheduler, scheduler.cache_manager
-        running = s.config.max_running_req - s.table_manager.available_size
-        waiting = sum(1 for req in s.waiting if req.table_idx < 0)
-        cached = cache.prefix_cache.size_info.evictable_size // cache.page_size
-        self.array[:] = [running, waiting, cache.num_pages, cache.num_free_pages, cached]
-
-    def read(self) -> Dict[str, int]:
-        return dict(zip(STAT_NAMES, self.array[:]))
-
-
 # ---------------------------------------------------------------- metrics
 @dataclass
 class Timing:
@@ -203,7 +180,7 @@ class Metrics:
         self.stats = stats
         self.registry = r = CollectorRegistry()
         self.gauges = {name: Gauge(f"minisgl:{name}", name.replace("_", " "), registry=r)
-                       for name in STAT_NAMES}
+                       for name in stats.read()}
         self.prompt_tokens = Counter("minisgl:prompt_tokens", "prompt tokens of finished "
                                      "requests", registry=r)
         self.generation_tokens = Counter("minisgl:generation_tokens", "tokens generated",
@@ -540,3 +517,34 @@ def require_api_key(app: FastAPI, api_key: str) -> None:
             return APIError(401, "invalid or missing API key: send 'Authorization: Bearer "
                             "<key>'", "authentication_error").response()
         return await call_next(request)
+
+
+# ---------------------------------------------------------------- a bounded shutdown
+CUT_GRACE_S = 2.0  # after the cut: for the cut replies' last events, then uvicorn cancels
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server with a bounded shutdown. On SIGTERM or SIGINT uvicorn stops accepting
+    connections and waits for the replies under way. After ``drain_s`` seconds the frontend
+    cuts those still running (each ends with a 503 naming why, its request aborted); uvicorn's
+    own timeout, CUT_GRACE_S later, cancels whatever still hangs (a client that reads nothing).
+    A second Ctrl-C stops waiting at once (uvicorn's force exit)."""
+
+    def __init__(self, config: uvicorn.Config, frontend: Frontend, drain_s: float):
+        config.timeout_graceful_shutdown = drain_s + CUT_GRACE_S
+        super().__init__(config)
+        self.frontend, self.drain_s = frontend, drain_s
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        logger.warning("stopping: no new requests; replies under way: %d, given %.1f s",
+                       self.frontend.num_running, self.drain_s)
+        timer = asyncio.get_running_loop().call_later(self.drain_s, self._cut)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
+
+    def _cut(self) -> None:
+        n = self.frontend.cut(f"the reply was cut after {self.drain_s:g} s (--shutdown-timeout)")
+        if n:
+            logger.warning("replies still running after %.1f s: %d, cut", self.drain_s, n)

@@ -10,29 +10,55 @@ it hands every message on to ranks 1..N-1 (chapter 19).
 
 from __future__ import annotations
 
-import asyncio
+import multiprocessing as mp
 import sys
 import threading
 import time
 from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import wait
-from typing import Any, Callable
-
-import uvicorn
+from typing import TYPE_CHECKING, Any, Callable, Dict
 
 from minisgl import env
 from minisgl.message import BaseTokenizerMsg, ExitMsg
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_follower, start_rank, stop_rank
-from minisgl.tokenizer.server import tokenizer_worker
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import Stopped, Workers, ZmqPushQueue
 
-from .api_server import Frontend, Metrics, SchedulerStats, create_app
 from .args import ServerArgs
 
+if TYPE_CHECKING:
+    import uvicorn
+
+    from .api_server import Frontend
+
 logger = init_logger(__name__)
+
+STAT_NAMES = ("num_running_reqs", "num_waiting_reqs", "kv_pages_total", "kv_pages_free",
+              "kv_pages_cached")
+
+
+class SchedulerStats:
+    """The scheduler's state, in memory shared by the scheduler process, which writes it after
+    each step (``publish``), and the API server, whose ``/metrics`` reads it. Each number is
+    written whole; a read during a step may mix two steps' numbers, which a gauge tolerates."""
+
+    def __init__(self, array: Any = None):
+        self.array = array if array is not None else mp.get_context("spawn").Array(
+            "q", len(STAT_NAMES), lock=False)
+
+    def publish(self, scheduler: Any) -> None:
+        """In the scheduler process. A request holds a row of the table from its admission;
+        cached pages are those only the prefix cache holds (it may evict them)."""
+        s, cache = scheduler, scheduler.cache_manager
+        running = s.config.max_running_req - s.table_manager.available_size
+        waiting = sum(1 for req in s.waiting if req.table_idx < 0)
+        cached = cache.prefix_cache.size_info.evictable_size // cache.page_size
+        self.array[:] = [running, waiting, cache.num_pages, cache.num_free_pages, cached]
+
+    def read(self) -> Dict[str, int]:
+        return dict(zip(STAT_NAMES, self.array[:]))
 
 
 class _PublishingLoop(SchedulerLoop):
@@ -67,6 +93,7 @@ def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: 
 def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> None:
     """The scheduler (one process per rank) and the tokenizer worker, their sockets in the
     run's own directory; the ranks meet at a file there too."""
+    from minisgl.tokenizer.server import tokenizer_worker  # here: see _serve
     config = replace(args.scheduler_config(), dist_init_addr=f"file://{workers.ipc_dir}/tp")
     workers.start("scheduler", run_scheduler, config=config,
                   backend_addr=workers.addr("scheduler"),
@@ -94,36 +121,6 @@ def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) 
     server.should_exit = True
 
 
-CUT_GRACE_S = 2.0  # after the cut: for the cut replies' last events, then uvicorn cancels
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server with a bounded shutdown. On SIGTERM or SIGINT uvicorn stops accepting
-    connections and waits for the replies under way. After ``drain_s`` seconds the frontend
-    cuts those still running (each ends with a 503 naming why, its request aborted); uvicorn's
-    own timeout, CUT_GRACE_S later, cancels whatever still hangs (a client that reads nothing).
-    A second Ctrl-C stops waiting at once (uvicorn's force exit)."""
-
-    def __init__(self, config: uvicorn.Config, frontend: Frontend, drain_s: float):
-        config.timeout_graceful_shutdown = drain_s + CUT_GRACE_S
-        super().__init__(config)
-        self.frontend, self.drain_s = frontend, drain_s
-
-    async def shutdown(self, sockets: Any = None) -> None:
-        logger.warning("stopping: no new requests; replies under way: %d, given %.1f s",
-                       self.frontend.num_running, self.drain_s)
-        timer = asyncio.get_running_loop().call_later(self.drain_s, self._cut)
-        try:
-            await super().shutdown(sockets)
-        finally:
-            timer.cancel()
-
-    def _cut(self) -> None:
-        n = self.frontend.cut(f"the reply was cut after {self.drain_s:g} s (--shutdown-timeout)")
-        if n:
-            logger.warning("replies still running after %.1f s: %d, cut", self.drain_s, n)
-
-
 def launch_server(args: ServerArgs) -> None:
     """Serve until SIGINT/SIGTERM or a worker's death; no process or socket file stays.
 
@@ -138,6 +135,13 @@ def launch_server(args: ServerArgs) -> None:
 
 
 def _serve(args: ServerArgs) -> None:
+    # The HTTP server and the tokenizer are imported where they are used, not at the top: the
+    # scheduler process imports this module for its target and needs neither (about 1.5
+    # CPU-seconds of imports at each start).
+    import uvicorn
+
+    from .api_server import DrainingServer, Frontend, Metrics, create_app
+
     with Workers() as workers:
         stats = SchedulerStats()
         start_workers(workers, args, stats)
