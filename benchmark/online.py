@@ -18,6 +18,12 @@ the server's ``usage`` (``stream_options.include_usage``). TTFT = first - sent; 
 first) / (tokens - 1); E2E = last - sent (``request_latencies``). Output tokens/s = all requests'
 tokens / the wall time from the first send to the last reply. ``--launch MODEL`` starts
 ``python -m minisgl`` on a free port of 127.0.0.1 and stops it at the end.
+
+The client is the official ``openai`` package, what a user would pick; ``--client raw`` reads
+the same stream with httpx and ``json.loads`` on each ``data:`` line, as SGLang's
+``bench_serving`` does with aiohttp. Parsing thousands of chunks a second is work for the client's
+one thread too: the summary gives the client's CPU time beside the wall time, and a client busy
+most of the run is measuring itself (its queued chunks count as latency).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import resource
 import shlex
 import socket
 import subprocess
@@ -60,6 +67,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-output", type=int, default=None, help="cap max_tokens")
     p.add_argument("--vocab-size", type=int, default=10001, help="ids are taken modulo this")
     p.add_argument("--seed", type=int, default=0, help="of the Poisson gaps")
+    p.add_argument("--client", choices=("openai", "raw"), default="openai",
+                   help="the openai package, or httpx with json.loads on each event")
     p.add_argument("--json", action="store_true", help="print the summary as JSON too")
     return p.parse_args()
 
@@ -74,7 +83,8 @@ def make_requests(args: argparse.Namespace) -> List[Request]:
 
 
 async def one_request(client: Any, model: str, request: Request) -> Dict[str, float]:
-    """Stream one completion; its latencies and token count, by the client's clock."""
+    """Stream one completion with the openai client; its latencies and token count, by the
+    client's clock."""
     ids, max_tokens = request
     sent = time.perf_counter()
     first = last = 0.0
@@ -91,34 +101,94 @@ async def one_request(client: Any, model: str, request: Request) -> Dict[str, fl
     return {**request_latencies(sent, first, last, tokens), "tokens": tokens}
 
 
-async def run(args: argparse.Namespace, base_url: str) -> Tuple[List[Dict[str, float]], float]:
+async def one_raw_request(client: httpx.AsyncClient, model: str,
+                          request: Request) -> Dict[str, float]:
+    """The same request, its server-sent events read line by line."""
+    ids, max_tokens = request
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.6,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    sent = time.perf_counter()
+    first = last = 0.0
+    tokens = 0
+    async with client.stream("POST", "completions", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if chunk["choices"]:
+                last = time.perf_counter()
+                first = first or last
+    return {**request_latencies(sent, first, last, tokens), "tokens": tokens}
+
+
+async def run(args: argparse.Namespace,
+              base_url: str) -> Tuple[List[Dict[str, float]], float, float]:
+    """Every request's figures, the wall time and the client's CPU time, both from the first
+    send to the last reply."""
     from openai import AsyncOpenAI
 
     requests = make_requests(args)
     gaps = random.Random(args.seed)
     limit = asyncio.Semaphore(args.concurrency or len(requests))
+    raw = httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", timeout=3600,
+                            limits=httpx.Limits(max_connections=None))
     async with AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0,
-                           timeout=3600) as client:
+                           timeout=3600) as client, raw:
         model = (await client.models.list()).data[0].id
 
         async def limited(request: Request) -> Dict[str, float]:
             async with limit:
+                if args.client == "raw":
+                    return await one_raw_request(raw, model, request)
                 return await one_request(client, model, request)
 
-        start = time.perf_counter()
+        ttft_before = server_ttft(base_url)
+        start, cpu_start = time.perf_counter(), client_cpu_s()
         tasks = []
         for request in requests:
             tasks.append(asyncio.create_task(limited(request)))
             if args.request_rate:
                 await asyncio.sleep(gaps.expovariate(args.request_rate))
         results = await asyncio.gather(*tasks)
-        return results, time.perf_counter() - start
+        seconds, cpu_s = time.perf_counter() - start, client_cpu_s() - cpu_start
+    ttft_after = server_ttft(base_url)
+    if ttft_before and ttft_after and ttft_after[1] > ttft_before[1]:
+        server = (ttft_after[0] - ttft_before[0]) / (ttft_after[1] - ttft_before[1])
+        client = sum(r["ttft"] for r in results) / len(results)
+        print(f"TTFT mean: {client * 1e3:.1f} ms by the client, {server * 1e3:.1f} ms by the "
+              "server's own clock (its /metrics)")
+    return results, seconds, cpu_s
 
 
-def summary(results: List[Dict[str, float]], seconds: float) -> Dict[str, Any]:
+def server_ttft(base_url: str) -> Tuple[float, float] | None:
+    """The sum and count of the server's own TTFT histogram (its ``/metrics``, where a reply's
+    first piece leaves the API server), or None from a server without it."""
+    try:
+        text = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return None
+    found = dict(line.split(" ", 1) for line in text.splitlines()
+                 if line.startswith("minisgl:time_to_first_token_seconds_"))
+    try:
+        return (float(found["minisgl:time_to_first_token_seconds_sum"]),
+                float(found["minisgl:time_to_first_token_seconds_count"]))
+    except (KeyError, ValueError):
+        return None
+
+
+def client_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def summary(results: List[Dict[str, float]], seconds: float, cpu_s: float) -> Dict[str, Any]:
     tokens = sum(r["tokens"] for r in results)
     out: Dict[str, Any] = {"requests": len(results), "seconds": seconds,
-                           "output_tokens": tokens, "output_tokens_per_s": tokens / seconds}
+                           "output_tokens": tokens, "output_tokens_per_s": tokens / seconds,
+                           "client_cpu_s": cpu_s}
     for metric in ("ttft", "tpot", "e2e"):
         values = [r[metric] for r in results]
         out[metric] = {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
@@ -127,7 +197,8 @@ def summary(results: List[Dict[str, float]], seconds: float) -> Dict[str, Any]:
 
 def show(s: Dict[str, Any]) -> None:
     print(f"{s['requests']} requests, {s['output_tokens']:,} output tokens in "
-          f"{s['seconds']:.2f} s: {s['output_tokens_per_s']:,.1f} output tokens/s")
+          f"{s['seconds']:.2f} s: {s['output_tokens_per_s']:,.1f} output tokens/s; the client "
+          f"used {s['client_cpu_s']:.2f} CPU-s")
     print(f"{'':6s} {'p50':>10s} {'p90':>10s} {'p99':>10s}  (ms)")
     for metric in ("ttft", "tpot", "e2e"):
         row = " ".join(f"{s[metric][p] * 1e3:10.1f}" for p in ("p50", "p90", "p99"))
@@ -177,10 +248,10 @@ def main() -> None:
         vocab = json.loads((Path(args.launch) / "config.json").read_text())["vocab_size"]
         args.vocab_size = min(args.vocab_size, vocab)
         with launched(args.launch, args.server_args) as base_url:
-            results, seconds = asyncio.run(run(args, base_url))
+            results, seconds, cpu_s = asyncio.run(run(args, base_url))
     else:
-        results, seconds = asyncio.run(run(args, args.base_url))
-    s = summary(results, seconds)
+        results, seconds, cpu_s = asyncio.run(run(args, args.base_url))
+    s = summary(results, seconds, cpu_s)
     show(s)
     if args.json:
         print(json.dumps(s))

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, START_TIMEOUT
 
 BENCHMARK = ROOT / "benchmark"
 pytestmark = pytest.mark.skipif(not (BENCHMARK / "make_checkpoint.py").exists(),
@@ -65,3 +67,21 @@ def test_llm_on_the_checkpoint_gives_transformers_greedy_tokens(checkpoint):
         out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=6,
                              min_new_tokens=6, eos_token_id=None, pad_token_id=0)
         assert tokens == out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("client", ["openai", "raw"])
+def test_online_py_launches_a_server_and_counts_every_token(checkpoint, client):
+    """``benchmark/online.py --launch`` as chapter 22 runs it on a GPU, here on a CPU: each
+    request's tokens come back (``ignore_eos``), by either client, and the server's own TTFT is
+    read from its /metrics."""
+    command = [sys.executable, str(BENCHMARK / "online.py"), "--launch", str(checkpoint),
+               "--server-args", "--device cpu", "--num-prompts", "4", "--concurrency", "2",
+               "--max-input", "16", "--max-output", "3", "--client", client, "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=4 * START_TIMEOUT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (summary["requests"], summary["output_tokens"]) == (4, 12)
+    assert 0 < summary["ttft"]["p50"] <= summary["e2e"]["p50"]
+    assert 0 < summary["client_cpu_s"]
+    assert "ms by the server's own clock (its /metrics)" in done.stdout
