@@ -94,6 +94,22 @@ def test_real_text_streams_back_to_itself(tok, text, sizes):
     assert "".join(pieces) == text == tok.decode(ids)
 
 
+def test_a_tokenizer_that_cleans_up_spaces_streams_its_raw_text(tiny_models):
+    """Llama 3's tokenizer sets clean_up_tokenization_spaces; transformers applies it to a BPE only
+    when forced. Where decode cleans up, the stream keeps the text as the tokens spell it."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_models["qwen2bytes"]))  # not the shared one
+    tok.clean_up_tokenization_spaces = True
+    tok.clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output = True
+    text = "Hi , you . don't ! we 're"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == "Hi, you. don't! we're"  # the clean-up is on
+    for sizes in ([1], [2, 1], [3]):
+        pieces, _ = stream(tok, chunked(ids, sizes))
+        assert "".join(pieces) == tok.decode(ids, clean_up_tokenization_spaces=False) == text
+
+
 def test_a_character_split_over_tokens_waits_until_it_is_whole(tok):
     ids = tok.encode("很好")  # 很 is e5 be 88 in three tokens, 好 one token
     assert [tok.decode([i]) for i in ids] == ["\ufffd", "\ufffd", "\ufffd", "好"]

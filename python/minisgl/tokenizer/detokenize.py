@@ -4,7 +4,9 @@ in SGLang's offsets scheme, with stop strings matched on the text and cut from i
 A piece is sent only when it is final: never half a UTF-8 character (a byte-level token may hold
 part of one, and a window that decodes to the replacement character U+FFFD at its end waits for
 the rest), never the start of what may become a stop string. The pieces of a request joined are
-``tokenizer.decode(ids)`` of all its ids, cut before the first stop string.
+``tokenizer.decode(ids, clean_up_tokenization_spaces=False)`` of all its ids, cut before the
+first stop string: windows are decoded without the clean-up, which would drop the space before
+``.`` or ``'s`` at a window's start and not in its context, and lose the punctuation.
 """
 
 from __future__ import annotations
@@ -101,7 +103,9 @@ def _decode(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState],
         if not rows:
             continue
         windows = [_window(states[i], surrounding) for i in rows]
-        for i, text in zip(rows, tokenizer.batch_decode(windows, skip_special_tokens=skip)):
+        decoded = tokenizer.batch_decode(windows, skip_special_tokens=skip,
+                                         clean_up_tokenization_spaces=False)  # see the top
+        for i, text in zip(rows, decoded):
             texts[i] = text
     return texts
 
