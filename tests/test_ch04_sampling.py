@@ -3,7 +3,8 @@ seeded), held against literal per-row loops and frequency counts.
 
 Req, Batch and Context grow fields in the chapters that follow (the KV cache, the scheduler), so
 these tests, which must pass on every later tree, reach sampling through SamplingParams and
-BatchSamplingArgs.from_params rather than by building requests."""
+BatchSamplingArgs.from_params; only _seeded_run builds Reqs and a Batch, from the fields every
+later tree keeps (uid, prompt, SamplingParams), and no test builds a Context."""
 
 from __future__ import annotations
 

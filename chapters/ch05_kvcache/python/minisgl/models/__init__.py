@@ -46,7 +46,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     config = ModelConfig.from_dict(read_hf_config(model_dir))
     with torch.device(device), _default_dtype(dtype or config.dtype):
         model = create_model(config)  # every torch.empty now has this dtype and device
-    try:  # streamed: one merged tensor in memory at a time, copied in as it arrives
+    try:  # streamed: each tensor copied in as it arrives, never the whole checkpoint
         model.load_state_dict(load_weights(model_dir, config))
     except ValueError as e:  # say which checkpoint: the model's message names the tensor
         raise ValueError(f"checkpoint {str(model_dir)!r} does not fit the model: {e}") from e
