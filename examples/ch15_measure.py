@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import random
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -144,22 +145,47 @@ def show_workload() -> None:
     print(f"  decode steps read {decode_context_tokens(ins, outs):,} cached tokens in all")
 
 
-def show_floor(hbm_gbps: float = 4800.0) -> None:
-    """The floor for Qwen3-0.6B on an H200 with every sequence running at once: the mean decode
-    step of the workload, if all 256 decoded together through their longest output."""
-    config = SHAPES["qwen3-0.6b"]
+@dataclass
+class Floor:
+    """The bandwidth floor of a workload's mean decode step, with every sequence running at once
+    from the start: ``steps`` decode steps of ``sequences`` sequences and ``context`` cached
+    tokens on average, each reading every weight and that many tokens' K and V."""
+
+    weights: int  # bytes a step reads of the weights
+    kv_per_token: int  # bytes of K and V a cached token adds to a step's reads
+    steps: int
+    sequences: float
+    context: float
+    step_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.sequences / self.step_s
+
+
+def workload_floor(config: Dict[str, Any], hbm_gbps: float = 4800.0) -> Floor:
+    """The floor of nano-vllm's workload for a model of this shape, in bf16: the one method every
+    floor of the book uses (an MoE shape counts every expert: at these batches a step touches
+    nearly all of them)."""
     prompts, params = nano_vllm_workload()
     weights, kv = weight_bytes(config), kv_bytes_per_token(config)
     ins, outs = [len(p) for p in prompts], [p.max_tokens for p in params]
     steps = max(outs) - 1  # decode steps when all 256 run together from the start
     context = decode_context_tokens(ins, outs) / steps
-    floor = decode_floor_s(weights, kv, context, hbm_gbps * 1e9)
-    tokens_per_step = (sum(outs) - len(outs)) / steps
-    print(f"\nqwen3-0.6b in bf16: {weights / 1e9:.3f} GB of weights, {kv:,} bytes of KV a token")
-    print(f"  all 256 together: {steps} decode steps, {tokens_per_step:.1f} sequences and "
-          f"{context:,.0f} cached tokens a step on average")
-    print(f"  floor of the mean step at {hbm_gbps:,.0f} GB/s: {floor * 1e3:.3f} ms, "
-          f"{tokens_per_step / floor:,.0f} output tokens/s")
+    return Floor(weights, kv, steps, (sum(outs) - len(outs)) / steps, context,
+                 decode_floor_s(weights, kv, context, hbm_gbps * 1e9))
+
+
+def show_floor(hbm_gbps: float = 4800.0) -> None:
+    """The floor for Qwen3-0.6B on an H200 with every sequence running at once: the mean decode
+    step of the workload, if all 256 decoded together through their longest output."""
+    f = workload_floor(SHAPES["qwen3-0.6b"], hbm_gbps)
+    print(f"\nqwen3-0.6b in bf16: {f.weights / 1e9:.3f} GB of weights, {f.kv_per_token:,} bytes "
+          "of KV a token")
+    print(f"  all 256 together: {f.steps} decode steps, {f.sequences:.1f} sequences and "
+          f"{f.context:,.0f} cached tokens a step on average")
+    print(f"  floor of the mean step at {hbm_gbps:,.0f} GB/s: {f.step_s * 1e3:.3f} ms, "
+          f"{f.tokens_per_s:,.0f} output tokens/s")
 
 
 def show_latencies() -> None:
