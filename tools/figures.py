@@ -1028,12 +1028,18 @@ class CtrlCAfter:
 def shell_session(model: str) -> list[dict]:
     """The ch14 main's session through the real ``Shell``: two turns, /reset, a long reply
     stopped after 6 pieces; every scheduler step's pages."""
+    from functools import partial
+
     from minisgl.core import SamplingParams
     from minisgl.server.launch import SchedulerStats
-    from minisgl.shell import Shell
+    from minisgl.shell import Shell, prompt_length
+    from transformers import AutoTokenizer
 
     chat = LockstepChat(model, SchedulerStats())
-    shell = Shell(chat, SamplingParams(max_tokens=16), chat.stats, out=CtrlCAfter(chat, 3, 6))
+    count_tokens = partial(prompt_length, AutoTokenizer.from_pretrained(model))
+    context = 128 * 4  # LockstepChat's pool: 128 pages of 4 tokens
+    shell = Shell(chat, SamplingParams(max_tokens=16), chat.stats, count_tokens, context,
+                  out=CtrlCAfter(chat, 3, 6))
     for line in ["What is the weather today?", "And tomorrow?", "/reset"]:
         shell.handle(line)
     shell.params = SamplingParams(max_tokens=64)
