@@ -1,0 +1,34 @@
+"""Chapter 7's figure: schedule.svg, the main's continuous batching step by step, with the pages
+in use.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+
+from .common import COLORS, PHASE_COLORS, Step, figure, run_main, timeline
+
+
+@figure("ch07", "schedule")
+def schedule() -> plt.Figure:
+    """The ch07 main's run: which request each step ran, and the pages in use after it."""
+    steps: list[list[Step]] = []
+    main = run_main("ch07_scheduler.py", steps)
+    run, num_pages = steps[0], main["config"].num_pages
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 6.4), height_ratios=[2.2, 1],
+                                      sharex=True, layout="constrained")
+    fig.suptitle("Continuous batching in the chapter 7 main: 6 requests, 3 rows, "
+                 f"{num_pages} pages")
+    timeline(top, run)
+    top.set_title("P prefill (tokens run), D decode, * last token, w waiting, · running but "
+                  "not in the batch", loc="left", fontsize=10)
+    colors = [PHASE_COLORS[s.phase] for s in run]
+    bottom.bar([x + 0.5 for x in range(len(run))], [s.pages_used for s in run], width=0.7,
+               color=colors)
+    bottom.axhline(num_pages, color=COLORS[3], linestyle="--")
+    bottom.text(0.05, num_pages, f"the pool: {num_pages} pages", va="bottom", color=COLORS[3])
+    bottom.set_ylim(0, num_pages + 3)
+    bottom.set_ylabel("pages used\nafter the step")
+    bottom.set_xlabel("step")
+    bottom.spines[["top", "right"]].set_visible(False)
+    return fig
