@@ -1,14 +1,17 @@
-"""Chapter 22's figure: decode_step_kernels.svg, profile_decode.py's recorded H200 runs: one
-decode step's kernels by kind.
+"""Chapter 22's figures: decode_step_kernels.svg, profile_decode.py's recorded H200 runs (one
+decode step's kernels by kind), and throughput_by_chapter.svg, chapter 15's figure carried on to
+this chapter with the peers' published figures beside it.
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 
-from .common import COLORS, ROOT, figure
+from .ch15 import H200_RESULTS
+from .common import COLORS, GREY, ROOT, figure
 
 DECODE_PROFILE = ROOT / "benchmark/results/profile_decode_h200_2026-12-02.json"  # measured
+H200_CHAPTERS = ROOT / "benchmark/results/h200_chapters_2026-12-02.json"  # measured
 FUSED_PROFILE = ROOT / "benchmark/results/profile_decode_fused_h200_2026-12-02.json"
 
 
@@ -55,3 +58,49 @@ def _kind_row(run: dict, kind: str) -> dict:
     """The run's row for `kind`; none when no kernel of that kind ran."""
     return next((r for r in run["rows"] if r["kind"] == kind),
                 {"kind": kind, "kernels": 0, "us": 0.0, "share": 0.0})
+
+@figure("ch22", "throughput_by_chapter")
+def throughput_by_chapter_to_22() -> plt.Figure:
+    """Chapter 15's figure carried on to chapter 22: output tokens/s on nano-vllm's workload on
+    an H200, chapter by chapter (chapter 15's record for chapters 15-17, this chapter's call for
+    the rest and transformers), under the bandwidth floor, beside the peers' published figures
+    (another GPU: scaled by memory bandwidth, drawn as lines)."""
+    import json
+    import textwrap
+
+    early = json.loads(H200_RESULTS.read_text(encoding="utf-8"))
+    record = json.loads(H200_CHAPTERS.read_text(encoding="utf-8"))
+    runs = [{**r, "date": early["date"]} for r in early["runs"] if r["chapter"]]
+    runs += [{**r, "date": record["date"]} for r in record["runs"]]
+    runs.sort(key=lambda r: r["chapter"] or 99)  # transformers last
+    rates = [r["tokens_per_s"] for r in runs]
+    fig, ax = plt.subplots(figsize=(11, 6), layout="constrained")
+    fig.suptitle("Output tokens/s on one H200, chapter by chapter, Qwen3-0.6B's shape")
+    x = range(len(runs))
+    colors = [COLORS[0] if r["date"] == early["date"] else COLORS[1] if r["chapter"] else GREY
+              for r in runs]
+    bars = ax.bar(x, rates, color=colors, width=0.6)
+    for bar, run in zip(bars, runs):
+        if not run["scope"].startswith("whole workload"):
+            bar.set_hatch("//")
+            bar.set_edgecolor("white")
+    for i, rate in zip(x, rates):
+        ax.text(i, rate * 1.08, f"{rate:,}", ha="center", fontsize=9)
+    floor = record["floor_tokens_per_s"]
+    ax.axhline(floor, color=COLORS[3], linestyle="--",
+               label=f"bandwidth floor: {floor:,} (ch15's main, 4,800 GB/s)")
+    for n, peer in enumerate(record["peers"]):
+        ax.axhline(peer["scaled_tokens_per_s"], color=COLORS[4 + n], linestyle=":",
+                   label=textwrap.fill(f"{peer['label']}: {peer['tokens_per_s']:,} on "
+                                       f"{peer['gpu']}, x{peer['scale']:.2f} for the H200's "
+                                       f"bandwidth = {peer['scaled_tokens_per_s']:,}", 70))
+    ax.set_yscale("log")
+    ax.set_ylim(50, floor * 12)  # room above the floor for the legend
+    ax.set_xticks(list(x), [textwrap.fill(r["label"], 18) for r in runs], fontsize=8)
+    ax.set_ylabel("output tokens/s (log scale)")
+    ax.set_title(f"{record['model']}; nano-vllm's workload\nblue: chapter 15's record "
+                 f"({early['date']}); orange: one call on {record['date']}; hatched: a slice of "
+                 "the workload", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.grid(alpha=0.3, axis="y", which="both")
+    return fig
