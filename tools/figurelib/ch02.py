@@ -131,6 +131,7 @@ def decoder_flow() -> plt.Figure:
     norms = [i for i, c in enumerate(calls) if "norm" in c[0]]
     ax.plot([norms[0] * 1.2 + 0.55, norms[-1] * 1.2 + 0.55], [3.2, 3.2],
             color=COLORS[3], linewidth=2)
+    previous = 0.0  # the x of the last sum drawn
     for i, (name, residual, shape) in enumerate(calls):
         x = i * 1.2
         layer, _, op = name.rpartition(".")
@@ -146,6 +147,11 @@ def decoder_flow() -> plt.Figure:
             arrow(ax, (x + 0.55, 2.95), (x + 0.55, 1.95), color=COLORS[3])
             ax.text(x + 0.62, 2.45, "x + residual" if residual else "residual = x",
                     fontsize=8, color=COLORS[3])
+            if i:  # x, the previous op's output, goes into the sum
+                arrow(ax, (x - 0.65, 1.95), (x + 0.33, 3.05))
+            if residual:  # and so does the stream, from the sum before
+                arrow(ax, (previous + 0.8, 3.2), (x + 0.3, 3.2), color=COLORS[3])
+            previous = x
     ax.text(0, 0.25, "blue: ops that compute x; orange: RMSNormFused, which adds x to the "
             "stream, keeps the sum as the new residual and normalizes it", fontsize=10)
     return fig
