@@ -1,12 +1,17 @@
-"""Chapter 16's figure: split_k.svg, how split-K decode divides a batch's keys among the
-kernel's programs.
+"""Chapter 16's figures: split_k.svg, how split-K decode divides a batch's keys among the
+kernel's programs; extend_tiles.svg, the tiles the extend kernel walks over one request's scores.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
+from typing import NamedTuple
 
-from .common import COLORS, GREY, figure
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.colors import to_hex, to_rgb
+from matplotlib.patches import Rectangle
+
+from .common import COLORS, GREY, LIGHT, figure
 
 
 def split_ranges(seq_len: int, num_splits: int, block_n: int) -> list[tuple[int, int]]:
@@ -72,4 +77,123 @@ def split_k() -> plt.Figure:
     right.set_title(f"a batch of {len(lens)}: {num_splits} splits each, an even share rounded "
                     f"up to whole {block_n}-key blocks", fontsize=10)
     right.grid(alpha=0.3, axis="x")
+    return fig
+
+
+class Tile(NamedTuple):
+    """One tile of a request's scores: queries [q0, q1) of its new tokens, keys [k0, k1) of its
+    cached_len + extend_len positions; step is its place in the program's loop (0 if skipped)."""
+
+    kind: str  # "prefix", "full", "diagonal" (causal mask inside) or "skipped"
+    q0: int
+    q1: int
+    k0: int
+    k1: int
+    step: int
+
+
+def extend_tiles(cached_len: int, extend_len: int, block_m: int, block_n: int) -> list[Tile]:
+    """The tiles _extend_kernel walks for one request and one head, by its loop bounds
+    (python/minisgl/kernel/attention.py, which has no helper for them): a program per query block
+    of block_m (``offs_m``, line 221); part 1, ``for n in range(0, cached_len, BLOCK_N)`` over the
+    prefix with only the key mask (lines 233-239); part 2, ``for n in range(0, causal_end,
+    BLOCK_N)`` with ``causal_end = min((block + 1) * BLOCK_M, extend_len)`` over the new tokens,
+    key j visible to query i when j <= i (lines 240-249). The new tokens' keys are tiled from
+    the first new token, not from position 0; those at causal_end and past are never read."""
+    def cdiv(a: int, b: int) -> int:
+        return -(-a // b)
+
+    tiles = []
+    for block in range(cdiv(extend_len, block_m)):
+        q0, q1 = block * block_m, min((block + 1) * block_m, extend_len)
+        step = 0
+        for n in range(0, cached_len, block_n):
+            step += 1
+            tiles.append(Tile("prefix", q0, q1, n, min(n + block_n, cached_len), step))
+        causal_end = min((block + 1) * block_m, extend_len)
+        for n in range(0, causal_end, block_n):
+            step += 1
+            end = min(n + block_n, causal_end)
+            kind = "diagonal" if end - 1 > q0 else "full"  # some key after the block's 1st query
+            tiles.append(Tile(kind, q0, q1, cached_len + n, cached_len + end, step))
+        for n in range(causal_end, extend_len, block_n):  # wholly above the diagonal
+            end = min((n // block_n + 1) * block_n, extend_len)  # on part 2's grid of keys
+            tiles.append(Tile("skipped", q0, q1, cached_len + n, cached_len + end, 0))
+    return tiles
+
+
+TILE_STYLE = {  # kind -> (fill, legend)
+    "prefix": (COLORS[0], "prefix keys, read through the page table: no causal mask (part 1)"),
+    "full": (COLORS[2], "new keys all before the block's queries: no causal mask (part 2)"),
+    "diagonal": (COLORS[1], "new keys crossing the diagonal: causal mask j <= i (part 2)"),
+    "skipped": (LIGHT, "new keys after the block's last query: never read"),
+}
+
+
+def _tile_patch(kind: str, xy: tuple[float, float], width: float, height: float) -> Rectangle:
+    if kind == "skipped":  # above the masked scores' veil, its hatch in grey
+        return Rectangle(xy, width, height, facecolor=LIGHT, edgecolor=GREY, linewidth=1,
+                         hatch="//", zorder=3)
+    return Rectangle(xy, width, height, facecolor=TILE_STYLE[kind][0], edgecolor="white",
+                     linewidth=2)
+
+
+def _tile_panel(ax: Axes, cached_len: int, extend_len: int, tiles: dict, title: str) -> None:
+    total = cached_len + extend_len
+    for t in extend_tiles(cached_len, extend_len, tiles["BLOCK_M"], tiles["BLOCK_N"]):
+        ax.add_patch(_tile_patch(t.kind, (t.k0, t.q0), t.k1 - t.k0, t.q1 - t.q0))
+        if t.step:  # a diagonal tile's number below the diagonal, on its visible scores
+            at = (0.3, 0.7) if t.kind == "diagonal" else (0.5, 0.5)
+            ax.text(t.k0 + at[0] * (t.k1 - t.k0), t.q0 + at[1] * (t.q1 - t.q0), str(t.step),
+                    ha="center", va="center", color="white", fontsize=10, fontweight="bold")
+    ax.fill([cached_len, total, total], [0, 0, extend_len], color="white", alpha=0.5,
+            linewidth=0, zorder=2)
+    ax.plot([cached_len, total], [0, extend_len], color="black", linewidth=1.2,
+            label="the causal diagonal: query i sees new key j <= i")
+    ax.axvline(cached_len, color="black", linestyle="--", linewidth=1)
+    ax.set_xlim(0, total)
+    ax.set_ylim(extend_len, 0)
+    blocks = range(0, extend_len, tiles["BLOCK_M"])
+    ends = [min(q + tiles["BLOCK_M"], extend_len) for q in blocks]
+    # the kernel's block = num_programs(2) - 1 - program_id(2): the last block runs first
+    ax.set_yticks([(q + e) / 2 for q, e in zip(blocks, ends)],
+                  [f"queries {q}-{e - 1}\nprogram_id(2) = {len(ends) - 1 - b}"
+                   for b, (q, e) in enumerate(zip(blocks, ends))], fontsize=9)
+    keys = sorted({0, cached_len, total} | set(range(0, cached_len, tiles["BLOCK_N"]))
+                  | set(range(cached_len, total, tiles["BLOCK_N"])))
+    ax.set_xticks(keys, [str(k) for k in keys], fontsize=9)
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(length=0)
+    ax.spines[:].set_visible(False)
+
+
+@figure("ch16", "extend_tiles")
+def extend_tiles_figure() -> plt.Figure:
+    """One request of the extend test (150 tokens cached, 40 new) as the kernel tiles its scores,
+    with the tile sizes extend_attention picks for float32 (the tests) and for bf16 (the model)."""
+    import torch
+    from minisgl.kernel.attention import EXTEND_TILES, _tiles
+
+    # the request of tests/test_ch16_triton.py's test_extend_many_pages_and_odd_head_dim
+    cached_len, extend_len = 150, 40
+    fig, axes = plt.subplots(2, 1, figsize=(12, 6.6), layout="constrained")
+    fig.suptitle(f"Extend attention's tiles: {extend_len} new queries over {cached_len} cached "
+                 f"and {extend_len} new keys")
+    for ax, dtype in zip(axes, [torch.float32, torch.bfloat16]):
+        tiles = _tiles(EXTEND_TILES, dtype)
+        name = str(dtype).removeprefix("torch.")
+        _tile_panel(ax, cached_len, extend_len, tiles,
+                    f"{name}: BLOCK_M = {tiles['BLOCK_M']} queries x BLOCK_N = "
+                    f"{tiles['BLOCK_N']} keys; a program per query block, its tiles in the "
+                    f"numbered order")
+    axes[-1].set_xlabel(f"key position: the cached prefix 0-{cached_len - 1} (left of the "
+                        f"dashed line), the new tokens {cached_len}-{cached_len + extend_len - 1}")
+    handles = [_tile_patch(kind, (0, 0), 1, 1) for kind in TILE_STYLE]
+    labels = [label for _, label in TILE_STYLE.values()]
+    veiled = to_hex([(c + 1) / 2 for c in to_rgb(COLORS[1])])  # the diagonal's fill under the veil
+    handles.append(Rectangle((0, 0), 1, 1, facecolor=veiled, edgecolor="white"))
+    labels.append("masked scores in a diagonal tile (j > i): computed, set to -inf")
+    line = axes[0].get_legend_handles_labels()
+    fig.legend(handles + line[0], labels + line[1], loc="outside lower center", ncols=2,
+               fontsize=9)
     return fig
