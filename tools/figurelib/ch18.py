@@ -1,103 +1,255 @@
-"""Chapter 18's figure: timeline.svg, host and device without and with overlap scheduling.
+"""Chapter 18's figure: timeline.svg, the main's run without and with overlap scheduling: host
+and device, each request's tokens, the lagged EOS step, its dropped token and the release that
+waits for the batch in flight.
 """
 
 from __future__ import annotations
 
-import tempfile
+import os
+from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-from .common import COLORS, GREY, figure, tiny_model
+from .common import COLORS, GREY, LIGHT, figure, run_main
+
+HOST, DEVICE, REQ0 = 0, 1, 2  # the lanes, top down: host, device, then one a request
+WAITS = COLORS[3]  # a release deferred: finished, its row and pages not given back yet
 
 
-def scheduler_events(path: str, overlap: bool) -> list[tuple[str, int, str]]:
-    """What the scheduler did, in order, on three requests like the main's: ("launch", k,
-    batch) and ("process", k, batch) for the k-th batch, recorded around its own _launch_next
-    and _process."""
-    from minisgl.core import SamplingParams
-    from minisgl.scheduler import Scheduler, SchedulerConfig
+@dataclass
+class Event:
+    """One thing a scheduler did, in order: "step" (a Scheduler.step began), "launch" and
+    "process" of the batch-th batch, "release" (Scheduler._release, deferred or not) and
+    "cache" (Scheduler._cache: the pages and, for a finished request, the row given back)."""
 
-    s = Scheduler(SchedulerConfig(path, device="cpu", overlap_scheduling=overlap))
-    events: list[tuple[str, int, str]] = []
-    launch, process = s._launch_next, s._process
-    batches: list = []  # the k-th launched, kept alive so that no two share an id
+    kind: str
+    batch: int = -1
+    label: str = ""  # the batch as the main prints it: "decode [0, 1]"
+    uid: int = -1
+    finished: bool = False  # release, cache: the request is done (its row goes back too)
+    deferred: bool = False  # release: _release did not give it back at once (it waits)
+    tokens: dict[int, int] = field(default_factory=dict)  # process: uid -> token appended
+    dropped: dict[int, int] = field(default_factory=dict)  # process: uid -> token dropped
 
-    def name(batch) -> str:
-        return f"{batch.phase[0].upper()}{[r.uid for r in batch.reqs]}"
 
-    def logged_launch():
-        launched = launch()
+def record_main() -> tuple[dict, dict[bool, list[Event]]]:
+    """Run examples/ch18_overlap.py as it is, with its scheduler's methods wrapped; the main's
+    globals and the events of its two timeline runs (the schedulers with the main's EOS), by
+    overlap on or off."""
+    from minisgl.scheduler import Scheduler
+
+    real = {name: getattr(Scheduler, name)
+            for name in ("step", "_launch_next", "_process", "_release", "_cache")}
+    events: dict[Scheduler, list[Event]] = {}
+    batches: dict[Scheduler, list] = {}  # the k-th launched, kept alive: no two share an id
+
+    def show(batch) -> str:
+        return f"{batch.phase} {[r.uid for r in batch.reqs]}"
+
+    def step(self):
+        events.setdefault(self, []).append(Event("step"))
+        return real["step"](self)
+
+    def launch_next(self):
+        launched = real["_launch_next"](self)
         if launched is not None:
-            batches.append(launched.batch)
-            events.append(("launch", len(batches) - 1, name(launched.batch)))
+            batches.setdefault(self, []).append(launched.batch)
+            events[self].append(Event("launch", len(batches[self]) - 1, show(launched.batch)))
         return launched
 
-    def logged_process(done):
-        k = next(i for i, b in enumerate(batches) if b is done.batch)
-        events.append(("process", k, name(done.batch)))
-        return process(done)
+    def process(self, done):
+        k = next(i for i, b in enumerate(batches[self]) if b is done.batch)
+        event = Event("process", k, show(done.batch))
+        events[self].append(event)  # before what it calls: the releases it runs come after
+        out = real["_process"](self, done)
+        for req, token, got_token in zip(done.batch.reqs, done.tokens.tolist(), done.sampled):
+            if req.uid not in out.uids:
+                event.dropped[req.uid] = token
+            elif got_token:
+                event.tokens[req.uid] = token
+        return out
 
-    s._launch_next, s._process = logged_launch, logged_process
-    params = [SamplingParams(max_tokens=4, ignore_eos=True), SamplingParams(max_tokens=3,
-              ignore_eos=True), SamplingParams(max_tokens=1)]
-    for prompt, sp in zip([[3, 1, 4, 1, 5], [2, 7, 1, 8], [6] * 6], params):
-        s.add_req(prompt, sp)
-    s.run_until_idle()
-    return events
+    def release(self, req, *, finished: bool):
+        event = Event("release", uid=req.uid, finished=finished)
+        events[self].append(event)
+        n = len(events[self])
+        real["_release"](self, req, finished=finished)
+        event.deferred = not any(e.kind == "cache" for e in events[self][n:])  # not given back
+
+    def cache(self, req, finished: bool):
+        events[self].append(Event("cache", uid=req.uid, finished=finished))
+        return real["_cache"](self, req, finished)
+
+    before = os.environ.get("MINISGL_DISABLE_OVERLAP_SCHEDULING")
+    for name, wrapper in zip(real, (step, launch_next, process, release, cache)):
+        setattr(Scheduler, name, wrapper)
+    try:
+        main = run_main("ch18_overlap.py")
+    finally:
+        for name, method in real.items():
+            setattr(Scheduler, name, method)
+        if before is None:  # the main sets it for its last line
+            os.environ.pop("MINISGL_DISABLE_OVERLAP_SCHEDULING", None)
+        else:
+            os.environ["MINISGL_DISABLE_OVERLAP_SCHEDULING"] = before
+    runs = {s.overlap: run for s, run in events.items() if s.eos_token_ids == main["eos"]}
+    for overlap, run in runs.items():  # what was recorded is what the main printed
+        tokens: dict[int, list[int]] = {}
+        for event in run:
+            for uid, token in event.tokens.items():
+                tokens.setdefault(uid, []).append(token)
+        assert [tokens[uid] for uid in sorted(tokens)] == main["outs"][overlap], overlap
+    return main, runs
 
 
-def replay_timeline(events: list[tuple[str, int, str]], host: float, forward: float) -> dict:
-    """Times for the recorded order under assumed costs: each launch and each process takes
-    ``host`` on the host, a forward ``forward`` on the device, one batch at a time; the host
-    waits for a batch's end before it processes it."""
+@dataclass
+class Replay:
+    """A recorded run's events laid out in time under assumed costs."""
+
+    host: list = field(default_factory=list)  # (start, width, "launch" | "process", batch)
+    device: list = field(default_factory=list)  # (start, width, batch, label)
+    wait: list = field(default_factory=list)  # (start, width): the host waits for a batch
+    steps: list = field(default_factory=list)  # when each Scheduler.step began
+    tokens: list = field(default_factory=list)  # (time, uid, token, "token" | "eos" | "dropped")
+    held: dict = field(default_factory=dict)  # uid -> (admitted, released): row and pages held
+    waits: dict = field(default_factory=dict)  # uid -> (finished, released): deferred
+    lagged: list = field(default_factory=list)  # (batch, uid): ran uid after its last token
+    end: float = 0.0
+
+
+def replay(run: list[Event], eos: tuple, host: float, forward: float) -> Replay:
+    """Each launch and each process takes ``host`` on the host, a forward ``forward`` on the
+    device, one batch at a time; the host waits for a batch's end before it processes it. A
+    deferred release runs at the start of the next process (after its wait), one made at once
+    at the end of the process that made it."""
+    r = Replay()
     t_host, t_device, ends = 0.0, 0.0, {}
-    spans: dict = {"host": [], "device": [], "wait": []}
-    for kind, k, batch in events:
-        if kind == "launch":
-            spans["host"].append((t_host, host, "schedule " + batch))
+    for event in run:
+        if event.kind == "step":  # the last one finds nothing to do: not drawn
+            r.steps.append(t_host)
+        elif event.kind == "launch":
+            r.host.append((t_host, host, "launch", event.batch))
+            for uid in (u for u in _uids(event.label) if u not in r.held):
+                r.held[uid] = (t_host, None)  # its row and pages are given at its launch
             t_host += host
             start = max(t_host, t_device)
-            spans["device"].append((start, forward, batch))
-            t_device = ends[k] = start + forward
-        else:
-            if ends[k] > t_host:
-                spans["wait"].append((t_host, ends[k] - t_host))
-                t_host = ends[k]
-            spans["host"].append((t_host, host, "process " + batch))
-            t_host += host
-    spans["end"] = max(t_host, t_device)
-    return spans
+            r.device.append((start, forward, event.batch, event.label))
+            t_device = ends[event.batch] = start + forward
+        elif event.kind == "process":
+            if ends[event.batch] > t_host:
+                r.wait.append((t_host, ends[event.batch] - t_host))
+                t_host = ends[event.batch]
+            r.host.append((t_host, host, "process", event.batch))
+            mid = t_host + host / 2
+            r.tokens += [(mid, u, t, "eos" if t in eos else "token")
+                         for u, t in event.tokens.items()]
+            r.tokens += [(mid, u, t, "dropped") for u, t in event.dropped.items()]
+            r.lagged += [(event.batch, u) for u in event.dropped]
+            process_start, t_host = t_host, t_host + host
+        elif event.kind == "release" and event.finished:
+            if event.deferred:
+                r.waits[event.uid] = (t_host, None)
+        elif event.kind == "cache" and event.finished:
+            when = process_start if event.uid in r.waits else t_host
+            r.held[event.uid] = (r.held[event.uid][0], when)
+            if event.uid in r.waits:
+                r.waits[event.uid] = (r.waits[event.uid][0], when)
+    r.end = max(t_host, t_device)
+    if run[-1].kind == "step":
+        r.steps.pop()
+    return r
+
+
+def _uids(label: str) -> list[int]:
+    return [int(u) for u in label.split("[", 1)[1].rstrip("]").split(",") if u.strip()]
+
+
+def draw_run(ax: plt.Axes, r: Replay, overlap: bool, uids: list[int]) -> None:
+    for start, width, kind, k in r.host:
+        colour = COLORS[0] if kind == "launch" else COLORS[1]
+        ax.broken_barh([(start, width)], (HOST - 0.4, 0.8), facecolors=colour, edgecolor="white")
+        ax.text(start + width / 2, HOST, f"{kind}\nbatch {k}", ha="center", va="center",
+                fontsize=9, color="white", linespacing=1.1)
+    for start, width in r.wait:
+        ax.broken_barh([(start, width)], (HOST - 0.08, 0.16), facecolors=GREY)
+    lagged = {k for k, _ in r.lagged}
+    for start, width, k, label in r.device:
+        ax.broken_barh([(start, width)], (DEVICE - 0.4, 0.8), facecolors=COLORS[2],
+                       edgecolor=WAITS if k in lagged else "white",
+                       linewidth=2.5 if k in lagged else 1)
+        ax.text(start + width / 2, DEVICE, f"batch {k}\n{label}", ha="center", va="center",
+                fontsize=9, color="white", linespacing=1.1)
+    for uid in uids:
+        y = REQ0 + uid
+        start, end = r.held[uid]
+        ax.broken_barh([(start, end - start)], (y - 0.3, 0.6), facecolors=LIGHT)
+        if uid in r.waits:
+            w_start, w_end = r.waits[uid]
+            ax.broken_barh([(w_start, w_end - w_start)], (y - 0.3, 0.6), facecolors="white",
+                           edgecolor=WAITS, hatch="///", linewidth=1)
+        ax.plot([end, end], [y - 0.3, y + 0.3], color="#555555", linewidth=2)
+        after = max([end] + [t + 0.6 for t, u, _, kind in r.tokens if u == uid and t > end])
+        ax.text(after + 0.08, y, "row and\npages back", ha="left", va="center", fontsize=9,
+                color="#555555", linespacing=1.0)
+    for time, uid, token, kind in r.tokens:
+        text = {"token": f"{token}", "eos": f"{token} EOS", "dropped": f"{token} dropped"}[kind]
+        ax.text(time, REQ0 + uid, text, ha="center", va="center", fontsize=9,
+                color=WAITS if kind == "dropped" else "black",
+                fontweight="bold" if kind != "token" else "normal",
+                bbox={"facecolor": "white", "edgecolor": WAITS, "pad": 1.5}
+                if kind == "dropped" else None)
+    for n, time in enumerate(r.steps, 1):
+        ax.axvline(time, color="#888888", linestyle=":", linewidth=1, zorder=0)
+        ax.text(time + 0.05, HOST - 0.48, f"step {n}", ha="left", va="bottom", fontsize=9,
+                color="#555555")
+    busy = sum(width for _, width, _, _ in r.device)
+    ax.set_title(f"overlap_scheduling={overlap}: {r.end:.0f} units, the device busy "
+                 f"{100 * busy / r.end:.0f}% of them", fontsize=11, loc="left")
+    lanes = ["host", "device"] + [f"request {u}" for u in uids]
+    ax.set_yticks(range(len(lanes)), lanes)
+    ax.set_ylim(len(lanes) - 0.5, HOST - 0.75)
+    ax.tick_params(axis="y", length=0)
+    ax.spines[["top", "right", "left"]].set_visible(False)
+    ax.grid(alpha=0.3, axis="x")
 
 
 @figure("ch18", "timeline")
 def overlap_timeline() -> plt.Figure:
-    """Host and device over the main's requests, without and with overlap: the order of the
-    launches and the processing is the scheduler's own (recorded on a CPU); the durations are
-    assumed (host work 1 unit per launch or process, a forward 2 units)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = tiny_model("llama3", tmp)
-        runs = {overlap: replay_timeline(scheduler_events(path, overlap), 1.0, 2.0)
-                for overlap in (False, True)}
-    fig, axes = plt.subplots(2, 1, figsize=(12, 5.2), layout="constrained", sharex=True)
-    fig.suptitle("Overlap scheduling: batch k+1 is launched before batch k's tokens are processed")
+    """The ch18 main's two runs (request 0 stops at EOS): the order of the launches, the
+    processing, the tokens and the releases is the scheduler's own, recorded as the main runs
+    on a CPU; the durations are assumed (host work 1 unit per launch or process, a forward 2)."""
+    main, runs = record_main()
+    eos = main["eos"]
+    replays = {overlap: replay(runs[overlap], eos, 1.0, 2.0) for overlap in (False, True)}
+    uids = sorted(replays[False].held)
+    fig, axes = plt.subplots(2, 1, figsize=(13, 8.4), layout="constrained", sharex=True)
+    fig.suptitle("The ch18 main without and with overlap: batch k+1 is launched before batch "
+                 "k's tokens are processed")
     for ax, overlap in zip(axes, (False, True)):
-        spans = runs[overlap]
-        for start, width, label in spans["host"]:
-            colour = COLORS[0] if label.startswith("schedule") else COLORS[1]
-            ax.broken_barh([(start, width)], (1.1, 0.8), facecolors=colour, edgecolor="white")
-            ax.text(start + width / 2, 1.5, label.split(" ", 1)[1], ha="center", va="center",
-                    fontsize=7, color="white")
-        for start, width in spans["wait"]:
-            ax.broken_barh([(start, width)], (1.4, 0.2), facecolors=GREY)
-        for start, width, label in spans["device"]:
-            ax.broken_barh([(start, width)], (0.1, 0.8), facecolors=COLORS[2], edgecolor="white")
-            ax.text(start + width / 2, 0.5, label, ha="center", va="center", fontsize=8,
-                    color="white")
-        busy = sum(w for _, w, _ in spans["device"])
-        ax.set_yticks([0.5, 1.5], ["device", "host"])
-        ax.set_title(f"overlap_scheduling={overlap}: {spans['end']:.0f} units, the device busy "
-                     f"{100 * busy / spans['end']:.0f}% of them", fontsize=10)
-        ax.grid(alpha=0.3, axis="x")
-    axes[1].set_xlabel("time, in assumed units (host: blue schedule and launch, orange "
-                       "process, grey waiting; device: green forward)")
+        draw_run(ax, replays[overlap], overlap, uids)
+    r = replays[True]
+    (k, uid), = r.lagged  # the main's one lagged request
+    assert uid in r.waits, "the lagged request's release was not deferred"
+    dropped = next(t for _, u, t, kind in r.tokens if u == uid and kind == "dropped")
+    axes[1].text(r.end + 1.6, REQ0 + 1.5,
+                 f"Batch {k} was launched before the host saw\n"
+                 f"request {uid}'s EOS ({eos[0]}): it runs request {uid} once\n"
+                 f"more, and that token, {dropped}, is dropped.\n"
+                 f"Request {uid}'s release waits (hatched) until\n"
+                 f"batch {k} is processed: till then batch {k}\n"
+                 f"reads request {uid}'s row and pages.", ha="left", va="center", fontsize=10,
+                 linespacing=1.3, bbox={"facecolor": "white", "edgecolor": WAITS, "pad": 5})
+    axes[1].set_xlim(-0.2, replays[False].end + 1.3)  # room for the last "pages back"
+    axes[1].set_xlabel("time, in assumed units: a launch or a process 1, a forward 2")
+    handles = [Patch(color=COLORS[0], label="launch (schedule, forward queued)"),
+               Patch(color=COLORS[1], label="process (tokens appended, requests finished)"),
+               Patch(color=GREY, label="host waits for the batch"),
+               Patch(color=COLORS[2], label="forward on the device"),
+               Patch(facecolor=COLORS[2], edgecolor=WAITS, linewidth=2.5,
+                     label="a forward that runs a request after its EOS"),
+               Patch(color=LIGHT, label="a request holds a row and pages (| given back)"),
+               Patch(facecolor="white", edgecolor=WAITS, hatch="///",
+                     label="finished, release deferred while a batch is in flight")]
+    fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=9, frameon=False)
     return fig
