@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -125,3 +126,16 @@ def assert_pages_all_back(s: Any) -> None:
     assert info.total_size % pool.page_size == 0  # the cache keeps whole pages
     assert pool.num_free_pages + info.total_size // pool.page_size == pool.num_pages
     assert s.table_manager.available_size == s.config.max_running_req and s.idle
+
+
+def benchmark_module(name: str) -> Any:
+    """benchmark/<name>.py as a module (benchmark/ is a folder of scripts, not a package, and no
+    chapter's tree holds it: the tests that use this skip there)."""
+    import importlib
+
+    folder = str(ROOT / "benchmark")
+    sys.path.insert(0, folder)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(folder)

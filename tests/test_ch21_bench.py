@@ -17,7 +17,7 @@ from typing import Any, Dict
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, benchmark_module
 
 BENCHMARK = ROOT / "benchmark"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -26,15 +26,6 @@ interpreted = pytest.mark.skipif(not (HAS_TRITON and INTERPRETED),
                                  reason="runs on the CPU: needs Triton's interpreter")
 pytestmark = pytest.mark.skipif(not (BENCHMARK / "bench_moe.py").exists(),
                                 reason="benchmark/ is not part of a chapter's tree")
-
-
-def _benchmark(name: str) -> Any:
-    """benchmark/<name>.py as a module (benchmark/ is a folder of scripts, not a package)."""
-    sys.path.insert(0, str(BENCHMARK))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCHMARK))
 
 
 def _config(block_m: int, block_n: int, block_k: int, group_m: int) -> Dict[int, dict]:
@@ -49,7 +40,7 @@ def _config(block_m: int, block_n: int, block_k: int, group_m: int) -> Dict[int,
 def test_configs_are_the_published_h200_file_keyed_by_batch_size() -> None:
     import json
 
-    moe_baseline = _benchmark("moe_baseline")
+    moe_baseline = benchmark_module("moe_baseline")
     source = json.loads(moe_baseline.CONFIG_FILE.read_text())["source"]
     assert "E=128,N=768,device_name=NVIDIA_H200" in source["path"]
     assert re.fullmatch(r"[0-9a-f]{40}", source["commit"])
@@ -63,7 +54,7 @@ def test_configs_are_the_published_h200_file_keyed_by_batch_size() -> None:
 @pytest.mark.parametrize("tokens,key", [(1, 1), (3, 2), (5, 4), (20, 16), (21, 24), (700, 512),
                                         (800, 1024), (16384, 4096)])
 def test_a_batch_takes_the_config_of_the_nearest_batch_size(tokens: int, key: int) -> None:
-    moe_baseline = _benchmark("moe_baseline")
+    moe_baseline = benchmark_module("moe_baseline")
     configs = moe_baseline.load_configs()
     assert moe_baseline.nearest_config(configs, tokens) is configs[key]  # ties: the smaller
 
@@ -107,8 +98,8 @@ def test_tuned_baseline_matches_the_reference(name: str, renormalize: bool) -> N
     if name == "experts with no token":
         gating[:, experts // 2:] -= 20.0  # the upper half is never chosen
         assert select_experts(gating, topk, renormalize)[1].max() < experts // 2
-    out = _benchmark("moe_baseline").TunedBaselineMoe(configs).forward(x, w1, w2, gating, topk,
-                                                                renormalize)
+    baseline = benchmark_module("moe_baseline").TunedBaselineMoe(configs)
+    out = baseline.forward(x, w1, w2, gating, topk, renormalize)
     ref = TorchMoeBackend().forward(x, w1, w2, gating, topk, renormalize)
     assert out.shape == ref.shape
     assert _relative_error(out, ref) < 1e-5
@@ -121,7 +112,7 @@ def test_tuned_baseline_all_tokens_to_the_same_experts() -> None:
 
     x, w1, w2, gating = _layer(40, 8, 64, 32, seed=3)
     gating[:, [2, 5]] += 30.0
-    out = _benchmark("moe_baseline").TunedBaselineMoe(_config(16, 32, 64, 2)).forward(
+    out = benchmark_module("moe_baseline").TunedBaselineMoe(_config(16, 32, 64, 2)).forward(
         x, w1, w2, gating, 2, True)
     ref = TorchMoeBackend().forward(x, w1, w2, gating, 2, True)
     assert _relative_error(out, ref) < 1e-5
@@ -137,7 +128,7 @@ def test_tuned_baseline_near_the_worst_case_of_tiles() -> None:
     pair = torch.arange(68) % 4
     gating[torch.arange(68), 2 * pair] += 20.0  # token t: experts 2(t % 4) and 2(t % 4) + 1
     gating[torch.arange(68), 2 * pair + 1] += 19.0
-    out = _benchmark("moe_baseline").TunedBaselineMoe(_config(16, 32, 32, 3)).forward(
+    out = benchmark_module("moe_baseline").TunedBaselineMoe(_config(16, 32, 32, 3)).forward(
         x, w1, w2, gating, 2, True)
     ref = TorchMoeBackend().forward(x, w1, w2, gating, 2, True)
     assert _relative_error(out, ref) < 1e-5
@@ -162,8 +153,9 @@ def test_grouped_gemm_computes_every_tile_of_a_short_last_group(group_m: int) ->
     b = torch.randn(experts, 48, 40, generator=gen)  # N = 48: three blocks of 16
     c = torch.full((88, 48), float("nan"))
     weights = torch.ones(88)
-    _benchmark("moe_baseline").grouped_gemm(a, b, c, weights, sorted_ids, expert_ids, num_padded,
-                                    topk, False, _config(block_m, 16, 16, group_m)[1])
+    grouped_gemm = benchmark_module("moe_baseline").grouped_gemm
+    grouped_gemm(a, b, c, weights, sorted_ids, expert_ids, num_padded, topk, False,
+                 _config(block_m, 16, 16, group_m)[1])
     computed = sorted_ids[sorted_ids < 88].long()  # the pairs of the 7 tiles given
     flat_ids = topk_ids.flatten()
     expected = torch.einsum("pk,pnk->pn", a[computed // topk], b[flat_ids[computed]])
@@ -232,7 +224,7 @@ def test_profile_moe_padding_counts_chapter_20s_slots() -> None:
     from minisgl.moe.configs import default_config
     from minisgl.moe.fused import moe_align_block_size
 
-    padding = _benchmark("profile_moe").padding
+    padding = benchmark_module("profile_moe").padding
     torch.manual_seed(0)
     logits = torch.randn(600, 128)
     block_m = default_config(600, 8, 128)["BLOCK_M"]
@@ -247,7 +239,7 @@ def test_profile_moe_padding_counts_chapter_20s_slots() -> None:
 def test_profile_moe_counts_the_rows_split_tails_compute() -> None:
     """Tiles of 64 slots holding 5, 20, 40 and 64 pairs: halves compute 32, 32, 64 and 64
     rows; quarters 16, 32, 64 and 64."""
-    computed_rows = _benchmark("profile_moe").computed_rows
+    computed_rows = benchmark_module("profile_moe").computed_rows
     num_pairs = 1000
     tiles = torch.full((4, 64), num_pairs)
     for tile, pairs in enumerate((5, 20, 40, 64)):
@@ -271,7 +263,7 @@ def test_sweep_moe_launches_quick_every_candidate_agrees() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     for name, count in (("routing", 4), ("plan", 27), ("scatter", 4), ("k-sum", 32)):
         assert f"  {name}: {count} candidates, all agree" in result.stdout, result.stdout
-    sweep = _benchmark("sweep_moe_launches")
+    sweep = benchmark_module("sweep_moe_launches")
     for module, candidates in sweep.SPACES.values():
         assert sweep.current(module, candidates) in candidates
 
@@ -279,7 +271,7 @@ def test_sweep_moe_launches_quick_every_candidate_agrees() -> None:
 def test_sweep_moe_launches_reports_a_candidate_that_disagrees(capsys) -> None:
     """A call whose output depends on the swept constant: the sweep says which candidates
     disagree and returns False, and the module's constant is put back."""
-    sweep = _benchmark("sweep_moe_launches")
+    sweep = benchmark_module("sweep_moe_launches")
     from minisgl.kernel import moe_routing
 
     before = moe_routing.SCATTER_WARPS

@@ -7,34 +7,24 @@ The script lives in ``benchmark/``, which no chapter's tree holds: there these t
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
-from helpers import ROOT, START_TIMEOUT
+from helpers import ROOT, START_TIMEOUT, benchmark_module
 
 BENCHMARK = ROOT / "benchmark"
 pytestmark = pytest.mark.skipif(not (BENCHMARK / "make_checkpoint.py").exists(),
                                 reason="benchmark/ is not part of a chapter's tree")
 
 
-def _benchmark(name: str) -> Any:
-    sys.path.insert(0, str(BENCHMARK))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(BENCHMARK))
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    make = _benchmark("make_checkpoint")
+    make = benchmark_module("make_checkpoint")
     return make.make_checkpoint("tiny", tmp_path_factory.mktemp("ckpt") / "tiny", "cpu")
 
 
