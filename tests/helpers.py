@@ -139,3 +139,18 @@ def benchmark_module(name: str) -> Any:
         return importlib.import_module(name)
     finally:
         sys.path.remove(folder)
+
+
+def modules_imported(imports: str, names: Sequence[str]) -> list[str]:
+    """Which of ``names`` a fresh interpreter holds after ``import <imports>`` with this tree's
+    python/ on its path, sorted: what a process that imports only those modules pays for."""
+    import ast
+    import os
+    import subprocess
+
+    code = f"import sys, {imports}; print(sorted({set(names)!r} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+                         timeout=START_TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    return ast.literal_eval(out.stdout.strip())
