@@ -116,10 +116,17 @@ def test_dummy_rows_write_only_the_dummy_page(tiny_models) -> None:
 
 def test_graph_max_bs_is_capped_and_checked(tiny_models) -> None:
     from minisgl.engine.config import EngineConfig
+    from minisgl.llm import LLM
 
     assert _llm(tiny_models["llama3"]).scheduler.engine.graph_runner.sizes == []  # CPU default
     runner = _llm(tiny_models["llama3"], cuda_graph_max_bs=100).scheduler.engine.graph_runner
     assert runner.max_bs == 8  # no batch is larger than max_running_req
+    for max_running_req, max_bs in [(6, 8), (13, 16), (3, 4), (1, 1)]:  # a full batch pads
+        llm = LLM(str(tiny_models["llama3"]), device="cpu", page_size=4, num_pages=128,
+                  max_running_req=max_running_req, cuda_graph_max_bs=100)
+        assert llm.scheduler.engine.graph_runner.max_bs == max_bs, max_running_req
+    small = _llm(tiny_models["llama3"], cuda_graph_max_bs=6)  # below max_running_req: as asked
+    assert small.scheduler.engine.graph_runner.max_bs == 4
     with pytest.raises(ValueError, match="cuda_graph_max_bs"):
         EngineConfig("x", cuda_graph_max_bs=-1)
 

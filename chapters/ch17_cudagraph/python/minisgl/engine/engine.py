@@ -12,7 +12,7 @@ from minisgl.utils.misc import div_ceil, div_even, get_tp_info
 from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_device
 
 from .config import EngineConfig
-from .graph import GraphRunner
+from .graph import GraphRunner, graph_batch_sizes, padded_size
 from .sample import Sampler
 
 logger = init_logger(__name__)
@@ -78,7 +78,9 @@ class Engine:
             return 0
         if asked is None:
             asked = 256 if on_gpu else 0
-        return min(asked, self.config.max_running_req)
+        # no decode batch is larger than max_running_req: capture up to the smallest size that
+        # holds it (a maximum of 131 pads to 136), so that a full batch replays a graph too
+        return padded_size(graph_batch_sizes(asked), self.config.max_running_req) or asked
 
     def _used_memory(self) -> int:
         if self.device.type != "cuda":
