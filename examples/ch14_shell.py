@@ -29,12 +29,19 @@ torch.set_num_threads(1)  # as the shells' processes (OMP_NUM_THREADS): a tiny m
 FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "128"]
 MAX_TOKENS = 64  # the chat turns' replies (shown cut); the second shell's are as long as the
 LONG_REPLY = 100_000  # context allows (about 480 tokens), so that Ctrl-C lands mid-reply
+QUESTION, FOLLOW_UP = "What is the weather today?", "And tomorrow?"  # the first shell's lines
+LONG_LINE = "Tell me a very long story"  # the second shell's, stopped by Ctrl-C
+
+
+def shell_settings(max_tokens: int) -> dict[str, str]:
+    """The shells' sampling, as ``MINISGL_SHELL_*`` variables: greedy, ``max_tokens`` a reply."""
+    return {"MINISGL_SHELL_TEMPERATURE": "0", "MINISGL_SHELL_MAX_TOKENS": str(max_tokens)}
 
 
 def start_shell(model: Path, tmp: str, max_tokens: int) -> pexpect.spawn:
     env = {**os.environ, "PYTHONPATH": str(Path(minisgl.__file__).parents[1]), "TMPDIR": tmp,
-           "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", "MINISGL_SHELL_TEMPERATURE": "0",
-           "MINISGL_SHELL_MAX_TOKENS": str(max_tokens), "OMP_NUM_THREADS": "1"}
+           "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", **shell_settings(max_tokens),
+           "OMP_NUM_THREADS": "1"}
     # bounds for a loaded machine, where loading the model takes tens of seconds
     return pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--shell",
                                           *FLAGS], env=env, timeout=120, encoding="utf-8")
@@ -88,15 +95,15 @@ def main() -> None:
         banner = wait_prompt(shell).split("\r\n")[1]  # the first line has paths and pids
         print(f"(the shell starts: {banner})\n")
 
-        turns = [{"role": "user", "content": "What is the weather today?"}]
-        first = say(shell, turns[0]["content"])
+        turns = [{"role": "user", "content": QUESTION}]
+        first = say(shell, QUESTION)
         turns += [{"role": "assistant", "content": first},
-                  {"role": "user", "content": "And tomorrow?"}]
-        second = say(shell, "And tomorrow?")
+                  {"role": "user", "content": FOLLOW_UP}]
+        second = say(shell, FOLLOW_UP)
         print(f"  (equal to LLM.generate on the template of all {len(turns)} messages: "
               f"{[first, second] == [offline(turns[:1]), offline(turns)]})\n")
         say(shell, "/reset")
-        alone = say(shell, "And tomorrow?")
+        alone = say(shell, FOLLOW_UP)
         print(f"  (a new conversation: equal to LLM.generate on 1 message: "
               f"{alone == offline(turns[2:])}; differs from the turn with history: "
               f"{alone != second})\n")
@@ -111,11 +118,11 @@ def main() -> None:
         shell = start_shell(model, str(sockets), LONG_REPLY)
         wait_prompt(shell)
         print("(a second shell, whose replies only the context cuts: about 480 tokens)")
-        shell.sendline("Tell me a very long story")  # Ctrl-C once its first piece has come
-        shell.expect_exact("Tell me a very long story\r\r\n")
+        shell.sendline(LONG_LINE)  # Ctrl-C once its first piece has come
+        shell.expect_exact(f"{LONG_LINE}\r\r\n")
         shell.expect(r"\S")
         shell.sendintr()
-        print(">>> Tell me a very long story   [Ctrl-C as the reply starts]")
+        print(f">>> {LONG_LINE}   [Ctrl-C as the reply starts]")
         print(wait_prompt(shell).splitlines()[-1])
         stats = say(shell, "/stats")
         print(f"  (the aborted request's pages are back: {'in use: 0,' in stats})\n")

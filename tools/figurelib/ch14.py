@@ -1,12 +1,16 @@
-"""Chapter 14's figure: turns.svg, a shell session step by step (the real Shell over
-``LockstepChat``, a ChatClient without sockets).
+"""Chapter 14's figure: turns.svg, the session of the chapter's main step by step, both of its
+shells (the real Shell over ``LockstepChat``, a ChatClient without sockets): each turn's prompt
+tokens and how many of them the prefix cache served, the reply pieces, the pages.
 """
 
 from __future__ import annotations
 
 import tempfile
+from functools import partial
+from unittest import mock
 
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 from .common import COLORS, figure, tiny_model
 
@@ -14,19 +18,31 @@ from .common import COLORS, figure, tiny_model
 class LockstepChat:
     """chapter 14's ``ChatClient`` without the sockets: ``stream`` has its interface and runs
     the real TokenizerServer and SchedulerLoop in this process, one scheduler step per reply
-    piece, so the figure has no timing in it. ``log`` gets one row per step."""
+    piece, so the figure has no timing in it. ``log`` gets a row per step (the gauges, as
+    ``/stats`` reads them) and a row per prefill: the prompt tokens it computed (the others
+    came from the prefix cache)."""
 
-    def __init__(self, model: str, stats):
-        from minisgl.scheduler import Scheduler, SchedulerConfig
+    def __init__(self, args, stats):
+        from minisgl.scheduler import Scheduler
         from minisgl.scheduler.io import SchedulerLoop
         from minisgl.tokenizer.server import TokenizerServer
         from transformers import AutoTokenizer
 
-        self.tokenizer = TokenizerServer(AutoTokenizer.from_pretrained(model))
-        self.loop = SchedulerLoop(Scheduler(SchedulerConfig(model, device="cpu", page_size=4,
-                                                            num_pages=128)))
+        self.tokenizer = TokenizerServer(AutoTokenizer.from_pretrained(args.model_path))
+        scheduler = Scheduler(args.scheduler_config())  # as the scheduler process builds it
+        self.loop = SchedulerLoop(scheduler)
         self.stats, self.log, self.turn, self.uid = stats, [], 0, 0
-        self.stats.publish(self.loop.scheduler)
+        self.stats.publish(scheduler)
+        real_step = scheduler.step
+
+        def step():  # the step's own output says how many prompt tokens a prefill ran
+            out = real_step()
+            if out is not None and out.phase == "prefill":
+                self.log.append({"turn": self.turn, "event": "prefill",
+                                 "computed": sum(out.extend_lens)})
+            return out
+
+        scheduler.step = step
 
     def send(self, msgs: list) -> list:
         to_backend, replies = self.tokenizer.handle(msgs)
@@ -47,7 +63,8 @@ class LockstepChat:
         from minisgl.message import AbortMsg, TokenizeMsg
 
         self.turn, self.uid = self.turn + 1, self.uid + 1
-        self.log.append({"turn": self.turn, "event": "messages", "count": len(messages)})
+        self.log.append({"turn": self.turn, "event": "messages", "count": len(messages),
+                         "line": messages[-1]["content"]})
         replies, finished = self.send([TokenizeMsg(self.uid, messages, params)]), False
         try:
             while not finished:
@@ -66,82 +83,162 @@ class LockstepChat:
                 self.record("done")
 
 
-class CtrlCAfter:
-    """The shell's output: raises KeyboardInterrupt (as Ctrl-C would) once ``turn``'s reply has
-    printed ``pieces`` pieces."""
+class ShellOut:
+    """The shell's output, dropped (the log has the pieces). With ``ctrl_c``, the first reply
+    piece with a visible character raises KeyboardInterrupt once printed, as the Ctrl-C that the
+    main's second shell gets once ``expect(r"\\S")`` has seen that character; in lockstep the
+    scheduler makes no other token before the abort lands."""
 
-    def __init__(self, chat: LockstepChat, turn: int, pieces: int):
-        self.chat, self.turn, self.pieces, self.seen = chat, turn, pieces, 0
+    def __init__(self, ctrl_c: bool = False):
+        self.ctrl_c = ctrl_c
 
     def write(self, text: str) -> None:
-        if self.chat.turn == self.turn and text and not text.startswith("\n"):
-            self.seen += 1
-            if self.seen > self.pieces:
-                raise KeyboardInterrupt
+        if self.ctrl_c and text.strip() and not text.startswith("\n"):  # not the shell's lines
+            raise KeyboardInterrupt
 
     def flush(self) -> None:
         pass
 
 
-def shell_session(model: str) -> list[dict]:
-    """The ch14 main's session through the real ``Shell``: two turns, /reset, a long reply
-    stopped after 6 pieces; every scheduler step's pages."""
-    from functools import partial
-
-    from minisgl.core import SamplingParams
+def one_shell(model: str, max_tokens: int, lines: list[str], ctrl_c: bool = False) -> dict:
+    """One shell of the main, built as ``minisgl.shell.run_shell`` builds it: the main's
+    command line (FLAGS), its ``MINISGL_SHELL_*`` settings read by the shell's own
+    ``shell_sampling_params``; ``lines`` typed in. The log, the reply length, the page size."""
+    import ch14_shell
+    from minisgl.server.args import parse_args
     from minisgl.server.launch import SchedulerStats
-    from minisgl.shell import Shell, prompt_length
+    from minisgl.shell import Shell, context_length, prompt_length, shell_sampling_params
     from transformers import AutoTokenizer
 
-    chat = LockstepChat(model, SchedulerStats())
+    args = parse_args(["--model", model, "--shell", *ch14_shell.FLAGS])
+    chat = LockstepChat(args, SchedulerStats())
+    context = context_length(args, chat.stats)
+    with mock.patch.dict("os.environ", ch14_shell.shell_settings(max_tokens)):
+        params = shell_sampling_params(context)
     count_tokens = partial(prompt_length, AutoTokenizer.from_pretrained(model))
-    context = 128 * 4  # LockstepChat's pool: 128 pages of 4 tokens
-    shell = Shell(chat, SamplingParams(max_tokens=16), chat.stats, count_tokens, context,
-                  out=CtrlCAfter(chat, 3, 6))
-    for line in ["What is the weather today?", "And tomorrow?", "/reset"]:
+    shell = Shell(chat, params, chat.stats, count_tokens, context, out=ShellOut(ctrl_c))
+    for line in lines:
         shell.handle(line)
-    shell.params = SamplingParams(max_tokens=64)
-    shell.handle("Tell me a long story")
     chat.loop.scheduler.shutdown()
-    return chat.log
+    return {"log": chat.log, "max_tokens": params.max_tokens, "page_size": args.page_size}
+
+
+def main_session(model: str) -> list[dict]:
+    """The ch14 main's two shells, each a fresh scheduler (an empty prefix cache): the first
+    with replies of MAX_TOKENS (two turns, /reset, the follow-up again), the second with
+    replies that only the context cuts, its line stopped by Ctrl-C as its reply starts."""
+    import ch14_shell as m
+
+    return [one_shell(model, m.MAX_TOKENS, [m.QUESTION, m.FOLLOW_UP, "/reset", m.FOLLOW_UP]),
+            one_shell(model, m.LONG_REPLY, [m.LONG_LINE], ctrl_c=True)]
+
+
+def steps_of(shell: dict) -> list[dict]:
+    return [row for row in shell["log"] if "in_use" in row]
+
+
+def turn_facts(shell: dict, turn: int) -> dict:
+    """A turn's line, messages, prompt tokens, those its prefill computed and those that came
+    from the prefix cache (tokens and pages), and its reply pieces."""
+    rows = [r for r in shell["log"] if r["turn"] == turn and "in_use" not in r]
+    first = {r["event"]: r for r in reversed(rows)}
+    tokens = first["prompt"]["tokens"]
+    computed = sum(r["computed"] for r in rows if r["event"] == "prefill")  # every chunk
+    pieces = sum(r["event"] == "piece" for r in steps_of(shell) if r["turn"] == turn)
+    return {"line": first["messages"]["line"], "count": first["messages"]["count"],
+            "tokens": tokens, "computed": computed, "cached": tokens - computed,
+            "cached_pages": (tokens - computed) // shell["page_size"], "pieces": pieces}
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def turn_label(f: dict, name: str, narrow: bool) -> str:
+    what = [f"{name}:", f"\"{f['line']}\"", f"{plural(f['count'], 'message')}, "
+            f"{f['tokens']} prompt tokens:", f"{f['cached']} from the prefix cache,",
+            f"{f['computed']} computed; {plural(f['pieces'], 'piece')}"]
+    if narrow:
+        return "\n".join(what)
+    return f"{what[0]} {what[1]}, {what[2]}\n{what[3]} {what[4]}"
+
+
+def draw_turns(ax: Axes, shell: dict, names: list[str], narrow: bool = False) -> None:
+    """A row a turn: its steps as a band, a tick per reply piece; what it sent written above
+    (to the band's left end, or to its right end once it starts past the middle), or below
+    the band in a ``narrow`` panel."""
+    steps = steps_of(shell)
+    for turn in sorted({row["turn"] for row in steps}):
+        xs = [i for i, row in enumerate(steps) if row["turn"] == turn]
+        color = COLORS[turn - 1]
+        ax.broken_barh([(xs[0] - 0.4, xs[-1] - xs[0] + 0.8)], (turn - 0.25, 0.5),
+                       facecolors=color, alpha=0.25)
+        pieces = [i for i in xs if steps[i]["event"] == "piece"]
+        ax.plot(pieces, [turn] * len(pieces), "|", color=color, markersize=10)
+        label = turn_label(turn_facts(shell, turn), names[turn - 1], narrow)
+        if narrow:
+            ax.text(xs[0] - 0.4, turn + 0.32, label, fontsize=9, va="top")
+        elif xs[0] < len(steps) / 2:
+            ax.text(xs[0] - 0.4, turn - 0.3, label, fontsize=9, va="bottom")
+        else:
+            ax.text(xs[-1] + 0.4, turn - 0.3, label, fontsize=9, va="bottom", ha="right")
+    ax.set_yticks([])
+    ax.set_xlim(-1, len(steps))
+
+
+def draw_pages(ax: Axes, shell: dict) -> None:
+    steps = steps_of(shell)
+    x = range(len(steps))
+    ax.step(x, [row["in_use"] for row in steps], where="mid", color=COLORS[0],
+            label="pages held by the running request")
+    ax.step(x, [row["cached"] for row in steps], where="mid", color=COLORS[2],
+            label="pages held only by the prefix cache")
+    ax.set_xlim(-1, len(steps))
+    ax.grid(alpha=0.3)
+
+
+def note_turn_2(ax: Axes, shell: dict) -> None:
+    """Where turn 2 takes turn 1's cached pages: the green line's drop."""
+    steps = steps_of(shell)
+    start = next(i for i, row in enumerate(steps) if row["turn"] == 2)
+    before, f = steps[start - 1]["cached"], turn_facts(shell, 2)
+    ax.annotate(f"turn 2's prompt takes {f['cached_pages']} of the {before} cached pages\n"
+                f"({f['cached']} tokens); the prefill computes the other {f['computed']}",
+                (start, steps[start]["cached"]), (start + 4, before * 2.4), fontsize=9,
+                color=COLORS[2],
+                arrowprops=dict(arrowstyle="-|>", color=COLORS[2], relpos=(0, 0)))
+
+
+def note_abort(ax: Axes, shell: dict) -> None:
+    steps = steps_of(shell)
+    end = len(steps) - 1
+    held, kept = steps[end - 1]["in_use"], steps[end]["cached"]
+    ax.annotate(f"Ctrl-C: AbortMsg; {kept} of\nthe request's {held} pages\n(the prompt's whole "
+                "ones)\nstay in the prefix cache", (end, kept), (end - 1.6, kept + 14),
+                fontsize=9, color=COLORS[3], arrowprops=dict(arrowstyle="-|>", color=COLORS[3]))
 
 
 @figure("ch14", "turns")
 def turns_figure() -> plt.Figure:
     with tempfile.TemporaryDirectory() as tmp:
-        log = shell_session(tiny_model("qwen3", tmp))
-    steps = [row for row in log if "in_use" in row]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 6), sharex=True, height_ratios=[1, 1.3],
-                                      layout="constrained")
-    fig.suptitle("A shell session, one scheduler step at a time: three turns, the third "
-                 "stopped by Ctrl-C")
-    x = range(len(steps))
-    for turn in sorted({row["turn"] for row in steps}):
-        xs = [i for i, row in enumerate(steps) if row["turn"] == turn]
-        count = next(r["count"] for r in log if r["turn"] == turn and r["event"] == "messages")
-        tokens = next(r["tokens"] for r in log if r["turn"] == turn and r["event"] == "prompt")
-        color = COLORS[turn - 1]
-        top.broken_barh([(xs[0] - 0.4, xs[-1] - xs[0] + 0.8)], (turn - 0.35, 0.7),
-                        facecolors=color, alpha=0.25)
-        pieces = [i for i in xs if steps[i]["event"] == "piece"]
-        top.plot(pieces, [turn] * len(pieces), "|", color=color, markersize=14)
-        label = (f"turn {turn}: {count} message{'s' if count > 1 else ''} through the "
-                 f"template, {tokens} prompt tokens, {len(pieces)} pieces")
-        top.text(xs[0], turn - 0.45, label, fontsize=9, va="bottom")
-        if steps[xs[-1]]["event"] == "abort":
-            top.annotate("Ctrl-C: AbortMsg, the\nscheduler drops it", (xs[-1], turn),
-                         (xs[-1] + 1.5, turn + 0.25), fontsize=9, color=COLORS[3],
-                         arrowprops=dict(arrowstyle="-|>", color=COLORS[3]))
-    top.set_ylim(3.7, 0.3)
-    top.set_xlim(-1, len(steps) + 12)  # room for the last turn's labels
-    top.set_yticks([1, 2, 3], ["turn 1", "turn 2\n(after turn 1)", "turn 3\n(after /reset)"])
-    top.set_title("each tick is a reply piece that the shell prints", fontsize=10)
-    bottom.step(x, [row["in_use"] for row in steps], where="mid", color=COLORS[0],
-                label="pages held by the running request")
-    bottom.step(x, [row["cached"] for row in steps], where="mid", color=COLORS[2],
-                label="pages held only by the prefix cache")
-    bottom.set_ylabel("KV pages (4 tokens each)")
-    bottom.set_xlabel("scheduler step (and each turn's end)")
-    bottom.legend(loc="upper left", fontsize=9)
-    bottom.grid(alpha=0.3)
+        first, second = main_session(tiny_model("qwen3", tmp))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 7), height_ratios=[1.3, 1],
+                             width_ratios=[4.5, 1.3], sharex="col", sharey="row",
+                             layout="constrained")
+    fig.suptitle("The main's session, one scheduler step at a time: two shells")
+    (turns, turns_2), (pages, pages_2) = axes
+    draw_turns(turns, first, ["turn 1", "turn 2, after turn 1", "turn 3, after /reset"])
+    turns.set_ylim(3.55, 0.3)
+    turns.set_title(f"the first shell, replies of up to {first['max_tokens']} tokens: each tick "
+                    "is a reply piece that the shell prints", fontsize=10)
+    draw_turns(turns_2, second, ["turn 1"], narrow=True)
+    turns_2.set_title("the second shell (a new\nprocess), stopped by Ctrl-C", fontsize=10)
+    draw_pages(pages, first)
+    note_turn_2(pages, first)
+    pages.set_ylabel(f"KV pages ({first['page_size']} tokens each)")
+    pages.set_xlabel("scheduler step of the first shell (and each turn's end)")
+    pages.legend(loc="upper left", fontsize=9)
+    draw_pages(pages_2, second)
+    note_abort(pages_2, second)
+    pages_2.set_xlabel("its steps")
     return fig
