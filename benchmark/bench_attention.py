@@ -1,6 +1,7 @@
 """Chapter 16's attention kernels against their limits, on one GPU (an H200 by default).
 
     PYTHONPATH=python python benchmark/bench_attention.py [--hbm-tbps 4.8] [--iters 50] [--sweep]
+        [--decode-shapes 131x903,256x903] [--heads 16/8] [--no-extend]
     PYTHONPATH=python python benchmark/bench_attention.py --quick   # on a CPU: a crash check only
 
 Two tables, with Qwen3-0.6B's attention (16 query heads, 8 KV heads, head dim 128, bf16):
@@ -14,7 +15,9 @@ Two tables, with Qwen3-0.6B's attention (16 query heads, 8 KV heads, head dim 12
 Each time is the median of ``--iters`` replays of a CUDA graph (so Python launch overhead is not
 counted), with the L2 cache flushed before each. Each shape is also checked against torch: the
 largest absolute difference is printed. ``--sweep`` also times other tile sizes and split
-counts and prints the best per shape.
+counts and prints the best per shape. ``--decode-shapes`` times other batch x context shapes,
+``--heads`` other query/KV head counts (32/4: Qwen3-30B-A3B's), and ``--no-extend`` leaves out
+the extend table (and its sweep).
 """
 
 from __future__ import annotations
@@ -44,8 +47,9 @@ DECODE_SHAPES = [(1, 1024), (1, 4096), (16, 1024), (16, 4096), (64, 1024), (64, 
 EXTEND_SHAPES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (4, 1024), (4, 4096), (8, 512),
                  (8, 2048), (8, 4096)]
 DECODE_SWEEP = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
-                for n, w, s in [(32, 4, 2), (64, 4, 2), (64, 8, 2), (32, 4, 3), (128, 8, 2)]]
-SPLIT_SWEEP = [None, 4, 8, 16, 32, 64]
+                for n, w, s in [(32, 4, 2), (64, 4, 2), (64, 8, 2), (32, 4, 3), (128, 8, 2),
+                                (64, 4, 3), (32, 4, 4), (16, 4, 3), (32, 2, 3)]]
+SPLIT_SWEEP = [None, 1, 2, 4, 8, 16, 32, 64]
 EXTEND_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
                 for m, n, w, s in [(128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 2),
                                    (128, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 3)]]
@@ -218,7 +222,8 @@ def sweep(setup: Setup, decode_shapes: List[Tuple[int, int]],
                 options.append((name, measure))
         print(f"{batch:>5} x {context:<5} best {best_of(options)}")
     attention.DECODE_TILES[key] = chosen_decode
-    print("\nsweep: extend, tiles (BLOCK_M, BLOCK_N, warps, stages); times in us")
+    if extend_shapes:
+        print("\nsweep: extend, tiles (BLOCK_M, BLOCK_N, warps, stages); times in us")
     for batch, length in extend_shapes:
         args, _ = extend_case(batch, length, setup, torch.Generator().manual_seed(0))
         options = []
@@ -241,6 +246,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--sweep", action="store_true", help="also time other tiles and splits")
     parser.add_argument("--quick", action="store_true", help="tiny shapes, for a crash check")
+    parser.add_argument("--decode-shapes", default=None, help="BxC,...: decode shapes to time")
+    parser.add_argument("--heads", default="16/8", help="query heads / KV heads")
+    parser.add_argument("--no-extend", action="store_true", help="decode only")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if args.quick:
@@ -248,8 +256,15 @@ def main() -> None:
         decode_shapes, extend_shapes = [(1, 40), (3, 70)], [(1, 40), (2, 33)]
     else:
         assert cuda, "the full run needs a GPU; --quick runs on a CPU"
-        setup = Setup(16, 8, 128, 16, getattr(torch, args.dtype), "cuda", args.iters)
+        num_qo_heads, num_kv_heads = (int(n) for n in args.heads.split("/"))
+        setup = Setup(num_qo_heads, num_kv_heads, 128, 16, getattr(torch, args.dtype), "cuda",
+                      args.iters)
         decode_shapes, extend_shapes = DECODE_SHAPES, EXTEND_SHAPES
+    if args.decode_shapes:
+        decode_shapes = [tuple(int(n) for n in shape.split("x"))  # type: ignore[misc]
+                         for shape in args.decode_shapes.split(",")]
+    if args.no_extend:
+        extend_shapes = []
     device = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
     print(f"{device}; Hq {setup.num_qo_heads}, Hkv {setup.num_kv_heads}, D {setup.head_dim}, "
           f"{args.dtype if not args.quick else 'float32'}, page size {setup.page_size}")
@@ -258,9 +273,10 @@ def main() -> None:
           f"{'max diff':>9}")
     for batch, context in decode_shapes:
         print(decode_row(batch, context, setup, args.hbm_tbps))
-    print("\nextend (prefill, no prefix) against torch SDPA (flash), causal")
-    print(f"{'batch':>5} {'tokens':>7} {'ours us':>10} {'torch us':>10} {'TFLOP/s':>8} "
-          f"{'torch':>8} {'ratio':>6} {'max diff':>9}")
+    if extend_shapes:
+        print("\nextend (prefill, no prefix) against torch SDPA (flash), causal")
+        print(f"{'batch':>5} {'tokens':>7} {'ours us':>10} {'torch us':>10} {'TFLOP/s':>8} "
+              f"{'torch':>8} {'ratio':>6} {'max diff':>9}")
     for batch, length in extend_shapes:
         print(extend_row(batch, length, setup))
     if args.sweep:

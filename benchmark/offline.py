@@ -2,7 +2,7 @@
 goes, and how far a decode step is from the bandwidth floor (chapter 15).
 
     PYTHONPATH=python python benchmark/offline.py --shape qwen3-0.6b [--num-seqs 32]
-        [--max-output 128] [--compare hf] [--breakdown] [--profile DIR] [--nvtx]
+        [--max-output 128] [--compare hf] [--breakdown] [--busy] [--profile DIR] [--nvtx]
         [--tp-size 2] [--moe-backend fast]
     PYTHONPATH=python python benchmark/offline.py --model PATH ...
 
@@ -32,7 +32,11 @@ every phase's edges, and prints each phase's time; then the mean decode forward 
 the weights a decode step reads plus the KV of its mean context (summed over the batch), over
 ``--hbm-gbps`` (4,800 GB/s: an H200's HBM3e). ``--profile DIR`` runs the first 16 sequences,
 outputs capped at 16 tokens, under torch.profiler and writes DIR/trace.json (chrome://tracing or
-Perfetto); ``--nvtx`` names every phase with an NVTX range, for ``nsys profile``.
+Perfetto); ``--nvtx`` names every phase with an NVTX range, for ``nsys profile``. ``--busy`` runs
+the workload once more (ids shifted by four) under torch.profiler, recording the device's kernels
+only, and prints how much of the wall time the device spent running kernels (the union of their
+intervals) and how the rest splits into gaps between kernels: the time the device waited for the
+host.
 """
 
 from __future__ import annotations
@@ -92,6 +96,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--compare", choices=["hf"], default=None)
     p.add_argument("--hf-batch-size", type=int, default=None, help="default: all at once")
     p.add_argument("--breakdown", action="store_true")
+    p.add_argument("--busy", action="store_true", help="how long the device ran kernels")
     p.add_argument("--hbm-gbps", type=float, default=4800.0, help="4800: an H200")
     p.add_argument("--profile", metavar="DIR", default=None)
     p.add_argument("--nvtx", action="store_true")
@@ -154,6 +159,8 @@ def run_minisgl(args: argparse.Namespace, model_dir: str) -> None:
     report("minisgl", params, timed_generate(llm.generate, prompts, params, device))
     if args.breakdown:
         breakdown(args, llm, model_dir)
+    if args.busy:
+        busy(args, llm)
     if args.profile:
         profile(llm, Path(args.profile), args)
     llm.shutdown()
@@ -186,6 +193,48 @@ def breakdown(args: argparse.Namespace, llm: LLM, model_dir: str) -> None:
     if decode_steps:
         roofline(args, engine, model_dir, prompts, params, timer.seconds["forward decode"],
                  decode_steps)
+
+
+def busy(args: argparse.Namespace, llm: LLM) -> None:
+    """The workload again under torch.profiler (device kernels only): the device's busy time
+    and its idle gaps, by length. A gap is time with no kernel running, so the host's launches
+    (or a copy the profiler does not list as a kernel) had the device waiting."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    device = llm.scheduler.engine.device
+    if device.type != "cuda":
+        print("\n--busy needs a GPU: on a CPU the host runs every kernel itself")
+        return
+    prompts, params = workload(args.num_seqs, args.max_output, shift=4)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall = timed_generate(llm.generate, prompts, params, device)
+    spans = [(e.start_ns(), e.start_ns() + e.duration_ns())
+             for e in prof.profiler.kineto_results.events()
+             if e.device_type() == torch.autograd.DeviceType.CUDA]
+    busy_ns, gaps = busy_and_gaps(spans)
+    length = max(stop for _, stop in spans) - min(start for start, _ in spans)
+    print(f"\ndevice busy (a third run under torch.profiler, {wall:.2f} s): {len(spans):,} "
+          f"kernels and copies, {busy_ns / 1e9:.2f} s busy of the {length / 1e9:.2f} s "
+          f"from the first to the last ({busy_ns / length:.1%})")
+    for low, high in [(0, 10e3), (10e3, 100e3), (100e3, 1e6), (1e6, float("inf"))]:
+        inside = [g for g in gaps if low <= g < high]
+        label = f"{low / 1e3:g}-{high / 1e3:g} us" if high != float("inf") else \
+            f">= {low / 1e3:g} us"
+        print(f"  idle gaps of {label:14s} {len(inside):8,} of them, {sum(inside) / 1e9:6.3f} s")
+
+
+def busy_and_gaps(spans: Sequence[Tuple[int, int]]) -> Tuple[int, List[int]]:
+    """(start, stop) intervals, in any order and overlapping -> the length of their union and
+    the gaps between its pieces, in order."""
+    ordered = sorted(spans)
+    busy, gaps, end = 0, [], ordered[0][0]
+    for start, stop in ordered:
+        if start > end:
+            gaps.append(start - end)
+        busy += max(0, stop - max(start, end))
+        end = max(end, stop)
+    return busy, gaps
 
 
 def roofline(args: argparse.Namespace, engine: Any, model_dir: str, prompts: List[List[int]],

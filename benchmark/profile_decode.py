@@ -1,7 +1,7 @@
 """Where one decode step's GPU time goes, kernel by kernel, grouped by kind (chapter 22).
 
     PYTHONPATH=python python benchmark/profile_decode.py [--shape qwen3-0.6b] [--batch 256]
-        [--context N] [--page-size 16] [--steps 20] [--json PATH]
+        [--context N | --mean-step] [--page-size 16] [--steps 20] [--json PATH]
 
 The engine of ``offline.py`` (random bf16 weights of the shape, made on the GPU; CUDA graphs
 for decode) runs ``--batch`` requests of ``--context`` cached tokens each (default: the mean
@@ -10,10 +10,14 @@ warm-up, one decode step (``Engine.forward_batch``: the batch's copies, the grap
 sampling) runs under ``torch.profiler``; its kernels are grouped by kind from their names and
 printed as a table: kind, kernels, total microseconds, share of the kernels' time. ``--json``
 writes the same rows, with the step's time (the median of ``--steps`` steps between two CUDA
-events) and the kernels that took longest.
+events) and the kernels that took longest. ``--mean-step`` profiles the workload's mean decode
+step instead (chapter 15's ``workload_floor``: its mean batch, each request with the mean
+context), and every run prints the step's bandwidth floor beside its time: every weight and the
+batch's K and V read once at 4.8 TB/s.
 
 Kinds are read from kernel names alone: rotary embeddings made of torch's own elementwise
-kernels count as elementwise, not rotary; a kernel no pattern names counts as other.
+kernels count as elementwise, chapter 22's q/k norm + rotary kernel as rotary, and a kernel no
+pattern names as other.
 Needs a GPU; the times are this GPU's and this run's.
 """
 
@@ -37,17 +41,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "python"))
 
-from ch15_measure import SHAPES, decode_context_tokens, nano_vllm_workload, write_shape  # noqa
+from ch15_measure import (  # noqa: E402
+    SHAPES,
+    decode_context_tokens,
+    decode_floor_s,
+    kv_bytes_per_token,
+    nano_vllm_workload,
+    weight_bytes,
+    workload_floor,
+    write_shape,
+)
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.engine.config import EngineConfig  # noqa: E402
 from minisgl.engine.engine import Engine  # noqa: E402
+
+HBM_BYTES_PER_S = 4.8e12  # an H200's rated bandwidth, as chapter 15's floor uses
 
 # (kind, pattern of the lowercased kernel name); the first that matches names the kernel
 KINDS: List[Tuple[str, str]] = [
     ("attention", r"decode_split|decode_combine|extend_kernel|attention|attn|flash"),
     ("KV store", r"store_kv|store_cache|kv_store"),
-    ("norm", r"rms|norm"),
     ("rotary", r"rope|rotary|rotate"),
+    ("norm", r"rms|norm"),
+    ("MoE", r"moe|gate_up|_down_kernel|route_and_count|sum_chunks|plan_tiles|"
+            r"scatter_pairs|sum_choices"),
     ("sampling", r"race_blocks|pick_winner|multinomial|softmax|sample|argmax|topk|sort|"
                  r"exponential|distribution|philox|gumbel"),
     ("activation", r"silu|gelu|swiglu|act_and_mul"),
@@ -67,6 +84,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--context", type=int, default=None,
                    help="cached tokens per request; default: the workload's mean decode context")
+    p.add_argument("--mean-step", action="store_true",
+                   help="the workload's mean decode step: its mean batch and mean context")
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
     p.add_argument("--json", metavar="PATH", default=None)
@@ -148,6 +167,12 @@ def main() -> int:
         print("profile_decode.py needs a GPU")
         return 1
     context = args.context if args.context is not None else mean_decode_context()
+    if args.mean_step:
+        floor = workload_floor(SHAPES[args.shape])
+        args.batch = round(floor.sequences)
+        context = round(floor.context / floor.sequences)
+    floor_us = decode_floor_s(weight_bytes(SHAPES[args.shape]), kv_bytes_per_token(
+        SHAPES[args.shape]), args.batch * context, HBM_BYTES_PER_S) * 1e6
     with tempfile.TemporaryDirectory() as tmp:
         config = EngineConfig(str(write_shape(args.shape, tmp)), device="cuda",
                               dtype=torch.bfloat16, page_size=args.page_size,
@@ -163,7 +188,9 @@ def main() -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.shape}, batch "
           f"{args.batch}, {context} cached tokens each, pages of {args.page_size}")
     print(f"one decode step: {step_us:.0f} us (median of {args.steps}, CUDA events); "
-          f"{sum(n for n, _ in kernels.values())} kernels, {total_us:.0f} us of kernel time\n")
+          f"{sum(n for n, _ in kernels.values())} kernels, {total_us:.0f} us of kernel time")
+    print(f"its floor (weights and K/V read once at {HBM_BYTES_PER_S / 1e12:.1f} TB/s): "
+          f"{floor_us:.0f} us; the step is {step_us / floor_us:.2f}x it\n")
     print(f"{'kind':18s} {'kernels':>8s} {'total us':>10s} {'share':>7s}")
     for r in rows:
         print(f"{r['kind']:18s} {r['kernels']:8d} {r['us']:10.1f} {r['share']:7.1%}")
@@ -176,6 +203,7 @@ def main() -> int:
                   "torch": torch.__version__, "python": platform.python_version(),
                   "shape": args.shape, "batch": args.batch, "context": context,
                   "page_size": args.page_size, "step_us": round(step_us, 1),
+                  "floor_us": round(floor_us, 1),
                   "kernels": sum(n for n, _ in kernels.values()), "kernel_us": round(total_us, 1),
                   "rows": rows, "top": [{"name": name, "kind": kind_of(name), "count": n,
                                          "us": round(us, 1)} for name, (n, us) in top]}

@@ -75,3 +75,28 @@ def test_online_py_launches_a_server_and_counts_every_token(checkpoint, client):
     assert 0 < summary["ttft"]["p50"] <= summary["e2e"]["p50"]
     assert 0 < summary["client_cpu_s"]
     assert "ms by the server's own clock (its /metrics)" in done.stdout
+
+
+def test_busy_time_is_the_union_of_the_kernels_intervals():
+    """offline.py --busy: overlapping, nested and unordered intervals count once; the gaps are
+    the idle stretches between the union's pieces."""
+    busy_and_gaps = benchmark_module("offline").busy_and_gaps
+    assert busy_and_gaps([(0, 10)]) == (10, [])
+    assert busy_and_gaps([(20, 30), (0, 10)]) == (20, [10])
+    assert busy_and_gaps([(0, 10), (5, 15), (2, 4), (15, 16), (40, 50)]) == (26, [24])
+    assert busy_and_gaps([(0, 100), (10, 20), (30, 40), (150, 160)]) == (110, [50])
+
+
+def test_profile_kinds_name_chapter_22s_kernels():
+    """profile_decode.py groups kernels by name: the fused q/k norm + rotary kernel counts as
+    rotary (not norm), the fused MoE kernels as MoE (not activation or elementwise)."""
+    kind_of = benchmark_module("profile_decode").kind_of
+    expected = {"_qk_norm_rope_kernel": "rotary", "_add_rms_norm_kernel": "norm",
+                "_decode_split_kernel": "attention", "_decode_combine_kernel": "attention",
+                "_store_kv_kernel": "KV store", "_race_blocks_kernel": "sampling",
+                "_gate_up_silu_kernel": "MoE", "_decode_gate_up_kernel": "MoE",
+                "_down_kernel": "MoE", "_scatter_pairs_kernel": "MoE",
+                "_route_and_count_kernel": "MoE", "nvjet_sm90_tst_64x24_64x16_4x2_h_bz_TNT": "GEMM",
+                "void at::native::vectorized_elementwise_kernel<4>": "elementwise/copy",
+                "some_unknown_kernel": "other"}
+    assert {name: kind_of(name) for name in expected} == expected

@@ -12,7 +12,7 @@ from .common import COLORS, GREY, ROOT, figure
 
 DECODE_PROFILE = ROOT / "benchmark/results/profile_decode_h200_2026-12-02.json"  # measured
 H200_CHAPTERS = ROOT / "benchmark/results/h200_chapters_2026-12-02.json"  # measured
-FUSED_PROFILE = ROOT / "benchmark/results/profile_decode_fused_h200_2026-12-02.json"
+FUSED_PROFILE = ROOT / "benchmark/results/profile_decode_fused_h200_2026-12-03.json"
 
 
 @figure("ch22", "decode_step_kernels")
@@ -21,15 +21,16 @@ def decode_step_kernels() -> plt.Figure:
     kernels grouped by kind, their time (with the share of the step's kernel time), their number."""
     import json
 
-    runs = [("torch's norms and sampler", json.loads(DECODE_PROFILE.read_text("utf-8"))),
+    runs = [("torch's norms, rotary and sampler", json.loads(DECODE_PROFILE.read_text("utf-8"))),
             ("chapter 22's fused kernels", json.loads(FUSED_PROFILE.read_text("utf-8")))]
     kinds = sorted({r["kind"] for _, run in runs for r in run["rows"]},
                    key=lambda kind: _kind_row(runs[0][1], kind)["us"])  # the largest on top
     first = runs[0][1]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2), layout="constrained",
                                       sharey=True)
-    fig.suptitle(f"One decode step of {first['shape']} at batch {first['batch']}, "
-                 f"{first['context']} cached tokens each, on an {first['gpu']}, {first['date']}")
+    dates = ", ".join(sorted({run["date"] for _, run in runs}))
+    fig.suptitle(f"One decode step of {first['shape']}, {first['batch']} requests x "
+                 f"{first['context']} cached tokens, {first['gpu']} ({dates})", fontsize=11)
     height, ys = 0.4, range(len(kinds))
     for n, (label, run) in enumerate(runs):
         rows = [_kind_row(run, kind) for kind in kinds]
@@ -50,7 +51,7 @@ def decode_step_kernels() -> plt.Figure:
     right.set_xlabel("kernels launched in the step")
     for ax in (left, right):
         ax.grid(alpha=0.3, axis="x")
-        ax.legend(loc="lower right", fontsize=9)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=9)
     return fig
 
 
