@@ -203,7 +203,7 @@ def test_qk_norm_rope_equals_the_torch_path(num_q_heads, num_kv_heads, head_dim,
 
 
 # On a GPU both sides round to nearest: bfloat16 within one step, and nearly every value torch's
-# (on an H200, at most one in 12,000 differed); float32 as in the interpreter.
+# (fewer than one in 1,000 not exactly); float32 as in the interpreter.
 ROPE_STEPS_CUDA = {torch.float32: 3.0, torch.bfloat16: 1.0}
 
 
