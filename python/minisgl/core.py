@@ -24,6 +24,10 @@ class SamplingParams:
     max_tokens: int = 128  # new tokens at most
     ignore_eos: bool = False  # go on past the end-of-sequence token
     seed: int | None = None  # draws of its own, whatever the batch; None: the sampler's
+    # structured output (chapter 23): at most one; None: free text
+    json_schema: str | None = None  # JSON valid under this schema ("{}": any JSON)
+    regex: str | None = None  # text this regular expression matches whole
+    ebnf: str | None = None  # a sentence of this EBNF grammar, from its rule ``root``
 
     def __post_init__(self) -> None:
         self.validate()
@@ -42,6 +46,11 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.seed is not None and not 0 <= self.seed < 2**31:
             raise ValueError(f"seed must be in [0, 2**31), got {self.seed}")
+        constraints = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None]
+        if len(constraints) > 1:
+            raise ValueError(f"at most one of json_schema, regex, ebnf, got {constraints}")
+        if constraints and not getattr(self, constraints[0]).strip():
+            raise ValueError(f"{constraints[0]} is empty")
 
     @property
     def is_greedy(self) -> bool:

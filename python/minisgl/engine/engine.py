@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import List
+from typing import Callable, List
 
 import torch
 
@@ -159,10 +159,13 @@ class Engine:
         self.attn_backend.prepare_metadata(batch)
 
     @torch.inference_mode()
-    def forward_batch(self, batch: Batch) -> torch.Tensor:
+    def forward_batch(self, batch: Batch,
+                      mask_logits: Callable[[torch.Tensor], None] | None = None) -> torch.Tensor:
         """One forward of the batch, then one token per request: next token ids [B] (int64).
 
         Afterwards every request's new tokens count as cached (``cached_len = device_len``).
+        ``mask_logits`` edits the logits [B, V] in place between the forward and the sampling:
+        structured output's bitmask (chapter 23), which the host fills while the forward runs.
         """
         graph = self.graph_runner.can_run(batch)  # a decode batch small enough: padded
         run = self.graph_runner.pad(batch) if graph else batch
@@ -178,7 +181,10 @@ class Engine:
         with self.timer.phase("sample"):
             for req in batch.reqs:
                 req.complete_forward()
-            tokens = self.sampler.sample(logits.float(), self.sampler.prepare(batch))
+            logits = logits.float()
+            if mask_logits is not None:
+                mask_logits(logits)
+            tokens = self.sampler.sample(logits, self.sampler.prepare(batch))
             rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
             self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
             return tokens

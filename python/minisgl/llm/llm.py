@@ -104,6 +104,7 @@ class LLM:
             try:
                 check_request(one_ids, one_params, self.scheduler.engine.max_seq_len,
                               self.scheduler.engine.model_config.vocab_size)
+                self.scheduler.grammars.check(one_params)  # compiled now: none queued if bad
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from e
         ids = [[int(t) for t in one_ids] for one_ids in ids]  # numpy's or torch's ints: int

@@ -17,6 +17,7 @@ from minisgl.utils.hf import read_generation_config, read_hf_config
 from .cache import CacheManager
 from .config import SchedulerConfig
 from .decode import DecodeManager
+from .grammar import GrammarManager, Pending, pending_tokens
 from .prefill import PrefillManager
 from .table import TableManager
 from .utils import StepOutput, check_request
@@ -57,6 +58,7 @@ class Scheduler:
         self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager,
                                               self.decode_manager, config.page_size)
         self.eos_token_ids = _eos_token_ids(config.model_path)
+        self.grammars = GrammarManager(config.model_path, self.engine.model_config.vocab_size)
         self.overlap = _use_overlap(config, self.engine.device)
         self._next_uid = 0
         self._in_flight: Launched | None = None  # launched, not processed (overlap only)
@@ -68,6 +70,7 @@ class Scheduler:
         params = check_request(input_ids, params, self.engine.max_seq_len,
                                self.engine.model_config.vocab_size)
         req = Req(self._next_uid, list(input_ids), params)
+        self.grammars.add(req)  # structured output (chapter 23): compiled before it is queued
         self._next_uid += 1
         self.prefill_manager.add_req(req)
         return req
@@ -95,7 +98,8 @@ class Scheduler:
         if not self.overlap:
             return self._process(launched) if launched else None
         if self._in_flight is None and launched is not None:  # nothing to process yet
-            self._in_flight, launched = launched, self._launch_next()
+            self._in_flight = launched  # first: the next launch's grammars read its tokens
+            launched = self._launch_next()
         done, self._in_flight = self._in_flight, launched
         return self._process(done) if done else None
 
@@ -131,7 +135,8 @@ class Scheduler:
                 return None
             extend_lens = [r.extend_len for r in batch.reqs]
             self.cache_manager.allocate(batch.reqs)
-        next_tokens = self.engine.forward_batch(batch)
+        mask = self.grammars.mask_for(batch, self._pending())
+        next_tokens = self.engine.forward_batch(batch, mask)
         sampled = [r.cached_len >= len(r.input_ids) for r in batch.reqs]  # a chunk samples none
         for req, got_token in zip(batch.reqs, sampled):
             if got_token:
@@ -159,7 +164,7 @@ class Scheduler:
                 if not got_token:
                     continue  # a chunk of a prompt: no token yet, the next chunk follows
                 req.append_host(token)
-                if req.is_finished(self.eos_token_ids):
+                if req.is_finished(self.eos_token_ids) or self.grammars.is_done(req):
                     self.decode_manager.remove_req(req)
                     self._release(req, finished=True)
                     finished_reqs.append(req)
@@ -167,6 +172,13 @@ class Scheduler:
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]
         return StepOutput(done.batch.phase, uids, extend_lens, finished_reqs)
+
+    def _pending(self) -> Pending:
+        """The in-flight batch's tokens by request (none without one), read when asked."""
+        done = self._in_flight
+        if done is None:
+            return lambda: {}
+        return pending_tokens(done.batch.reqs, done.sampled, done.tokens.tolist)
 
     def _release(self, req: Req, *, finished: bool) -> None:
         """Give the request's pages to the prefix cache (finished: its row back too), at once
@@ -183,6 +195,7 @@ class Scheduler:
     def _cache(self, req: Req, finished: bool) -> None:
         self.cache_manager.cache_req(req, finished=finished)
         if finished:
+            self.grammars.remove(req)
             self.table_manager.free(req.table_idx)
             req.table_idx = -1  # released: an abort that comes later finds nothing to give back
 

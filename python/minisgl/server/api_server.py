@@ -120,6 +120,10 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: Dict[str, Any] | None = None
     ignore_eos: bool = False
+    # structured output (chapter 23): OpenAI's response_format, or SGLang's regex and ebnf
+    response_format: Dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -147,11 +151,46 @@ def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
             raise APIError(400, f"{name}={value!r} is not supported by this server", param=name)
     if max_tokens is None:
         max_tokens = 1 << 30  # as many as the context leaves (the scheduler cuts it)
+    constraint = constraint_fields(req)
     try:
         return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                              max_tokens=max_tokens, ignore_eos=req.ignore_eos, seed=req.seed)
+                              max_tokens=max_tokens, ignore_eos=req.ignore_eos, seed=req.seed,
+                              **constraint)
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split()[0]) from None
+
+
+def constraint_fields(req: _Sampling) -> Dict[str, str]:
+    """The request's constraint as ``SamplingParams`` fields: response_format's JSON schema
+    (json_object: any JSON object), or regex, or ebnf; at most one of them."""
+    fields = {name: text for name, text in (("regex", req.regex), ("ebnf", req.ebnf))
+              if text is not None}
+    schema = json_schema_of(req.response_format)
+    if schema is not None:
+        fields["json_schema"] = schema
+    if len(fields) > 1:
+        names = ", ".join("response_format" if f == "json_schema" else f for f in fields)
+        raise APIError(400, f"at most one of response_format, regex, ebnf, got {names}",
+                       param="response_format")
+    return fields
+
+
+def json_schema_of(response_format: Dict[str, Any] | None) -> str | None:
+    """response_format -> the JSON schema's text; None for free text."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind != "json_schema":
+        raise APIError(400, f"response_format.type={kind!r}: expected text, json_object or "
+                            "json_schema", param="response_format")
+    spec = (response_format or {}).get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise APIError(400, "response_format.json_schema.schema: a JSON schema (an object) is "
+                            "required", param="response_format")
+    return json.dumps(schema)
 
 
 def stop_strings(stop: str | List[str] | None) -> List[str]:

@@ -1,0 +1,118 @@
+"""A request's constraint, compiled by xgrammar against the model's tokenizer, and the matcher
+that follows the request's tokens through it (chapter 23)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any, Dict, List, Literal
+
+import torch
+
+from minisgl.core import SamplingParams
+
+if TYPE_CHECKING:
+    import xgrammar
+
+Kind = Literal["json_schema", "regex", "ebnf"]
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match: a JSON schema, a regular expression or an EBNF grammar
+    (GBNF, as llama.cpp writes it, with a ``root`` rule), by its text."""
+
+    kind: Kind
+    text: str
+
+
+def constraint_of(params: SamplingParams) -> Constraint | None:
+    """The request's constraint, or None for free output (``SamplingParams`` allows one)."""
+    for kind in ("json_schema", "regex", "ebnf"):
+        text = getattr(params, kind)
+        if text is not None:
+            return Constraint(kind, text)  # type: ignore[arg-type]
+    return None
+
+
+class GrammarCompiler:
+    """Compiles constraints for one model; each text once (a dict keyed by the constraint),
+    since compiling a JSON schema costs milliseconds to seconds and clients repeat theirs."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int):
+        import xgrammar
+
+        # vocab_size: the logits' width, which may exceed the tokenizer's (padding rows)
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        self.vocab_size = vocab_size
+        self._compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
+        self._compiled: Dict[Constraint, xgrammar.CompiledGrammar] = {}
+
+    def compile(self, constraint: Constraint) -> xgrammar.CompiledGrammar:
+        """The compiled grammar; a ValueError with xgrammar's own message when it cannot be."""
+        if constraint not in self._compiled:
+            self._compiled[constraint] = self._compile(constraint)
+        return self._compiled[constraint]
+
+    def _compile(self, constraint: Constraint) -> xgrammar.CompiledGrammar:
+        # JSON without free whitespace: else a weak model may spend max_tokens on spaces
+        json_schema = partial(self._compiler.compile_json_schema, any_whitespace=False)
+        compile_kind = {"json_schema": json_schema,
+                        "regex": self._compiler.compile_regex,
+                        "ebnf": self._compiler.compile_grammar}[constraint.kind]
+        try:
+            compiled = compile_kind(constraint.text)
+        except Exception as error:  # xgrammar raises RuntimeError or its own types
+            raise ValueError(f"{constraint.kind} cannot be compiled: {_message(error)}") from None
+        if not RequestGrammar(compiled, self.vocab_size).allows_any():
+            raise ValueError(f"{constraint.kind} accepts no text: no token can start it")
+        return compiled
+
+    def matcher(self, constraint: Constraint) -> RequestGrammar:
+        return RequestGrammar(self.compile(constraint), self.vocab_size)
+
+
+class RequestGrammar:
+    """One request's place in its grammar: the matcher has accepted ``accepted`` of the
+    request's output tokens, in order."""
+
+    def __init__(self, compiled: xgrammar.CompiledGrammar, vocab_size: int):
+        import xgrammar
+
+        self._matcher = xgrammar.GrammarMatcher(compiled)
+        self.vocab_size = vocab_size
+        self.accepted = 0
+
+    def catch_up(self, output_ids: List[int]) -> None:
+        """Accept the output tokens the matcher has not seen. A token the grammar refuses is a
+        bug of the mask (it was sampled under it), so it raises rather than being skipped."""
+        for token in output_ids[self.accepted :]:
+            if self.is_terminated:
+                break  # tokens after the grammar's end (an EOS ignored): nothing to follow
+            if not self._matcher.accept_token(token):
+                raise RuntimeError(f"token {token} breaks the grammar: the mask let it through")
+            self.accepted += 1
+
+    @property
+    def is_terminated(self) -> bool:
+        """The grammar is complete and its stop token accepted: the request ends here."""
+        return self._matcher.is_terminated()
+
+    def allows_any(self) -> bool:
+        """Some token may come next (a grammar of no sentence at all allows none)."""
+        import xgrammar
+
+        bitmask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        self.fill(bitmask, 0)
+        return bool(bitmask.any())
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Row ``row`` of ``bitmask`` (int32, 32 tokens a word, on the host): the tokens the
+        grammar allows next."""
+        self._matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def _message(error: Exception) -> str:
+    """xgrammar's message without the time and source line it starts with."""
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(error).strip())

@@ -1,0 +1,193 @@
+"""Chapter 23: structured output. Every constrained output parses and validates; greedy
+constrained tokens equal transformers' with xgrammar's own logits processor; free rows beside
+constrained ones keep their tokens; overlap scheduling changes nothing; bad constraints get one
+clear error and lose nothing."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, List
+
+import pytest
+import torch
+from helpers import DENSE, assert_pages_all_back, hf_model, hf_tokenizer
+
+xgrammar = pytest.importorskip("xgrammar")
+jsonschema = pytest.importorskip("jsonschema")
+
+# a pattern, not maxLength: xgrammar 0.2.9 compiles maxLength to [^"\\\r\n]{0,n}, which
+# lets control characters into the string, where JSON forbids them
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok"],
+          "properties": {"name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                         "ok": {"type": "boolean"}}}
+DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
+YES_NO = 'root ::= answer " because " reason\nanswer ::= "yes" | "no"\nreason ::= [a-z]{1,6}'
+PROMPTS = ["the weather", "a b c", "hello world", "x y z", "one two", "the red fox"]
+
+
+def _llm(path: Any, **options: Any) -> Any:
+    from minisgl.llm import LLM
+
+    return LLM(str(path), device="cpu", page_size=4, num_pages=256, **options)
+
+
+def _params(n: int = 120, **options: Any) -> Any:
+    from minisgl.core import SamplingParams
+
+    return SamplingParams(max_tokens=n, **options)
+
+
+def _sampled(**constraint: Any) -> List[Any]:
+    """Greedy, then sampled rows at two temperatures, seeded and not."""
+    return [_params(**constraint), _params(temperature=1.0, seed=1, **constraint),
+            _params(temperature=0.7, seed=2, top_p=0.9, **constraint),
+            _params(temperature=1.3, **constraint)]
+
+
+@pytest.mark.parametrize("family", DENSE)
+def test_json_outputs_validate_against_their_schema(tiny_models, family):
+    llm = _llm(tiny_models[family])
+    params = _sampled(json_schema=json.dumps(PERSON))
+    outs = llm.generate(PROMPTS[: len(params)], params)
+    eos = llm.scheduler.eos_token_ids
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), PERSON)
+        assert out["token_ids"][-1] in eos  # the grammar ended it, not max_tokens
+    assert_pages_all_back(llm.scheduler)
+
+
+def test_regex_and_ebnf_outputs_match(tiny_models):
+    llm = _llm(tiny_models["qwen3"])
+    for out in llm.generate(PROMPTS[:4], _sampled(regex=DATE)):
+        assert re.fullmatch(DATE, out["text"]), out["text"]
+    for out in llm.generate(PROMPTS[:4], _sampled(ebnf=YES_NO)):
+        assert re.fullmatch(r"(yes|no) because [a-z]{1,6}", out["text"]), out["text"]
+
+
+def test_any_json_parses(tiny_models):
+    llm = _llm(tiny_models["llama3"])
+    outs = llm.generate(PROMPTS[:4], _sampled(n=400, json_schema="{}"))
+    for out in outs:
+        if out["token_ids"][-1] in llm.scheduler.eos_token_ids:  # JSON of any size may not end
+            json.loads(out["text"])
+        else:
+            assert len(out["token_ids"]) == 400
+
+
+@torch.inference_mode()
+def _hf_constrained(path: Any, prompt: str, grammar: Any, n: int) -> List[int]:
+    """transformers' greedy generate under xgrammar's own logits processor, EOS ending it."""
+    from xgrammar.contrib.hf import LogitsProcessor
+
+    model, tokenizer = hf_model(path), hf_tokenizer(path)
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                         do_sample=False, logits_processor=[LogitsProcessor(grammar)],
+                         eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)
+    return out[0, ids.shape[1]:].tolist()
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3"])
+def test_greedy_constrained_tokens_equal_transformers_with_xgrammar(tiny_models, family):
+    from minisgl.structured import Constraint
+
+    llm = _llm(tiny_models[family])
+    compiler = llm.scheduler.grammars.compiler
+    for kind, text in [("json_schema", json.dumps(PERSON)), ("regex", DATE), ("ebnf", YES_NO)]:
+        grammar = compiler.compile(Constraint(kind, text))
+        for prompt in PROMPTS[:2]:
+            ours = llm.generate([prompt], [_params(**{kind: text})])[0]["token_ids"]
+            assert ours == _hf_constrained(tiny_models[family], prompt, grammar, 120), kind
+
+
+def test_free_rows_keep_their_tokens_beside_constrained_ones(tiny_models):
+    """The mask touches only constrained rows: a free row's tokens, greedy or seeded, are the
+    same alone and in a batch where every other row is constrained."""
+    llm = _llm(tiny_models["qwen3"])
+    free = [_params(40), _params(40, temperature=0.9, seed=7)]
+    alone = [out["token_ids"] for out in llm.generate(PROMPTS[:2], free)]
+    mixed = [free[0], _params(json_schema=json.dumps(PERSON)), free[1], _params(regex=DATE)]
+    outs = llm.generate([PROMPTS[0], PROMPTS[2], PROMPTS[1], PROMPTS[3]], mixed)
+    assert [outs[0]["token_ids"], outs[2]["token_ids"]] == alone
+    jsonschema.validate(json.loads(outs[1]["text"]), PERSON)
+    assert re.fullmatch(DATE, outs[3]["text"])
+
+
+def test_overlap_scheduling_gives_the_same_tokens(tiny_models):
+    """With overlap (chapter 18) a row's mask needs the token still in flight: the tokens must
+    be the ones of a run without it, chunked prefill and a page boundary included."""
+    prompts = PROMPTS + ["a much longer prompt that runs in two chunks of prefill " * 3]
+    seeded = lambda **c: _sampled(**c)[:3]  # noqa: E731 (unseeded draws follow the batches)
+    params = seeded(json_schema=json.dumps(PERSON)) + seeded(regex=DATE) + [_params(30)]
+    runs = []
+    for overlap in (False, True):
+        llm = _llm(tiny_models["qwen3"], overlap_scheduling=overlap, max_extend_tokens=32)
+        runs.append([out["token_ids"] for out in llm.generate(prompts, params)])
+        assert_pages_all_back(llm.scheduler)
+    assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("constraint, message", [
+    (dict(json_schema="{not json"), "json_schema cannot be compiled: .*Failed to parse JSON"),
+    (dict(json_schema='{"type": "nope"}'), "json_schema cannot be compiled: .*nope"),
+    (dict(regex="(ab"), "regex cannot be compiled: .*parenthesis"),
+    (dict(ebnf='start ::= "a"'), "ebnf cannot be compiled: .*root"),
+    (dict(regex="[^\\s\\S]"), "regex accepts no text"),
+    (dict(json_schema=" "), "json_schema is empty"),
+])
+def test_a_bad_constraint_gets_one_clear_error_and_loses_nothing(tiny_models, constraint,
+                                                                  message):
+    from minisgl.core import SamplingParams
+
+    llm = _llm(tiny_models["qwen3"])
+    before = llm.generate(PROMPTS[:1], [_params(10)])
+    bad = SamplingParams(max_tokens=10, regex="a")
+    bad.regex = None
+    for field, text in constraint.items():  # set after construction: validated again on arrival
+        setattr(bad, field, text)
+    with pytest.raises(ValueError, match=f"request 1: {message}"):
+        llm.generate(PROMPTS[:2], [_params(10), bad])
+    assert not llm.scheduler.waiting  # the good request was not queued either
+    assert llm.generate(PROMPTS[:1], [_params(10)]) == before
+
+
+def test_one_constraint_at_most():
+    from minisgl.core import SamplingParams
+
+    with pytest.raises(ValueError, match="at most one of json_schema, regex, ebnf"):
+        SamplingParams(regex="a", ebnf='root ::= "a"')
+
+
+def test_grammars_compile_once_and_leave_with_their_requests(tiny_models):
+    llm = _llm(tiny_models["qwen3"])
+    compiler = llm.scheduler.grammars.compiler
+    llm.generate(PROMPTS[:3], [_params(regex=DATE)] * 3)
+    assert len(compiler._compiled) == 1  # three requests, one text: compiled once
+    assert llm.scheduler.grammars.grammars == {}  # finished requests keep no matcher
+
+
+def test_the_grammars_end_finishes_a_request_that_ignores_eos(tiny_models):
+    """A request with ignore_eos runs to max_tokens, unless a grammar ends it: the stop token
+    that completes the grammar is its last."""
+    llm = _llm(tiny_models["qwen3"])
+    for out in llm.generate(PROMPTS[:3], _sampled(n=60, ignore_eos=True, regex=DATE)[:3]):
+        assert re.fullmatch(DATE, out["text"])
+        assert out["token_ids"][-1] in llm.scheduler.eos_token_ids
+        assert len(out["token_ids"]) < 60
+
+
+def test_a_batch_with_no_row_sampling_under_a_grammar_gets_no_mask(tiny_models):
+    """Free rows cost nothing: no mask at all when no row samples under a grammar, as for a
+    constrained prompt's first chunk, which samples no token."""
+    from minisgl.core import Batch, Req
+
+    manager = _llm(tiny_models["qwen3"]).scheduler.grammars
+    free = Req(0, [1, 2, 3], _params(5))
+    chunked = Req(1, [1, 2, 3, 4, 5, 6], _params(regex=DATE), device_len=3)  # a first chunk
+    last_chunk = Req(2, [1, 2, 3, 4, 5, 6], _params(regex=DATE), cached_len=3)
+    for req in (free, chunked, last_chunk):
+        manager.add(req)
+    assert manager.mask_for(Batch([free, chunked], "prefill"), lambda: {}) is None
+    assert manager.mask_for(Batch([free, last_chunk], "prefill"), lambda: {}) is not None
