@@ -38,6 +38,7 @@ from . import (  # noqa: F401  (each registers its figures)
     ch20,
     ch21,
     ch22,
+    ch23,
 )
 from .common import FIGURES, ROOT, draw_in_tree
 
