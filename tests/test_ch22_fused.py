@@ -17,11 +17,18 @@ if not Path("/dev/nvidia0").exists():  # no GPU: interpret; it must be chosen be
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
 from minisgl.kernel.fused_rope import qk_norm_rope  # noqa: E402
-from minisgl.kernel.fused_sample import BLOCK_V, FusedSampler, race_sample  # noqa: E402
+from minisgl.kernel.fused_sample import (  # noqa: E402
+    BLOCK_V,
+    FusedSampler,
+    _unit_float,
+    race_sample,
+)
 from minisgl.layers.norm import RMSNormFused, add_then_rms_norm  # noqa: E402
 from minisgl.layers.norm import rms_norm as torch_rms_norm  # noqa: E402
 from minisgl.layers.rotary import RotaryEmbedding  # noqa: E402
@@ -613,3 +620,24 @@ def test_a_steps_allocation_runs_as_many_tensor_operations_for_2_requests_as_for
         return sum(1 for e in prof.events() if e.name.startswith("aten::"))
 
     assert operations(40) == operations(2)
+
+
+
+@triton.jit
+def _unit_floats_kernel(bits_ptr, out_ptr, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, _unit_float(tl.load(bits_ptr + offs).to(tl.uint32)))
+
+
+def test_the_race_uniforms_stay_strictly_inside_0_1():
+    """Philox's bits -> u: the extremes (all zeros, all ones) and a few between land strictly
+    inside (0, 1), each exactly at its step's centre. With 24 bits, all ones gave u = 1 in
+    float32, a token that wins whatever its probability (one in 2^24 of a row's tokens)."""
+    values = [0, 1, 511, 512, 2**31, 2**32 - 513, 2**32 - 512, 2**32 - 1]
+    bits = torch.tensor(values, dtype=torch.int64, device=DEVICE)
+    out = torch.empty(len(values), dtype=torch.float32, device=DEVICE)
+    _unit_floats_kernel[(1,)](bits, out, N=len(values))
+    want = [((v >> 9) + 0.5) / 2**23 for v in values]
+    assert out.double().tolist() == want
+    assert 0.0 < out.min().item() and out.max().item() < 1.0
+    assert out[-1].item() == 1.0 - 2**-24

@@ -30,8 +30,15 @@ def _uniforms(seed, start, BLOCK: tl.constexpr):
     (ten rounds of multiplies each) of one call a token, and still a function of (seed, t)."""
     r0, r1, r2, r3 = tl.randint4x(seed, start // 4 + tl.arange(0, BLOCK // 4))
     bits = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK,))  # r0[q] at 4q, ...
-    # 24 random bits, centred in their step: never exactly 0 or 1, so -log(u) is finite and > 0
-    return ((bits >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return _unit_float(bits)
+
+
+@triton.jit
+def _unit_float(bits):
+    """32 random bits -> their top 23, centred in their step: u in [2^-24, 1 - 2^-24], every
+    value exact in float32, so -log(u) is finite and > 0. (With 24 bits the top value,
+    16,777,215.5, rounds up to 2^24 in float32, and u to exactly 1.)"""
+    return ((bits >> 9).to(tl.float32) + 0.5) * (1.0 / 8388608.0)
 
 
 @triton.jit
