@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on SIGTERM or Ctrl-C: seconds the replies under way may take to "
                    "finish before they are cut (default: %(default)s)")
     p.add_argument("--api-key", default=None,
-                   help="require 'Authorization: Bearer API_KEY' on every request")
+                   help="require 'Authorization: Bearer API_KEY' on every /v1 route (/health and "
+                   "/metrics stay open, for probes and scrapers)")
     return p
 
 
