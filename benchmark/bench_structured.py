@@ -1,0 +1,151 @@
+"""What a constrained decode step costs beside a free one (chapter 23), on a CPU or a GPU.
+
+    PYTHONPATH=python python benchmark/bench_structured.py [--model PATH | --shape NAME]
+        [--batches 1,16,256] [--steps 16] [--device auto]
+
+By default the real small model of the book (SmolLM2-135M-Instruct, ``examples/real_model.py``)
+on the CPU, or ``--shape`` (``examples/ch15_measure.py``'s shapes, random weights, a word-level
+tokenizer as ``benchmark/make_checkpoint.py`` writes it). Each batch size runs twice: every row
+free, then every row under a regular expression that never ends (``[a-z ]+``), both for exactly
+``--steps`` tokens a row (ignore_eos). A step is the run's wall time over its tokens a row (the
+prefill of 32-token prompts included, new ones each run so that the prefix cache serves none);
+each figure is the median of three pairs of runs, the order within a pair alternating. Beside
+the steps, the host's time per step in the mask (filling the bitmask, applying it) and in
+accepting each row's new token into its matcher. With overlap scheduling (the default on a
+GPU) the mask is filled while the device runs the forward, so a step costs more only by what
+the mask's host work exceeds the forward by.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "python"), str(ROOT / "examples"), str(ROOT / "benchmark")]
+
+from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.llm import LLM  # noqa: E402
+
+NEVER_ENDS = "[a-z ]+"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--model", help="a checkpoint (default: the real small model)")
+    which.add_argument("--shape", help="random weights of this shape, with a tokenizer")
+    p.add_argument("--batches", default="1,16,256")
+    p.add_argument("--steps", type=int, default=16, help="tokens a row")
+    p.add_argument("--device", default="auto")
+    return p.parse_args()
+
+
+class MaskClock:
+    """Wraps the scheduler's mask callbacks and its end-of-grammar checks (which advance the
+    matchers by the tokens the host received): the host time each takes, in total."""
+
+    def __init__(self, llm: LLM):
+        self.seconds, self.accept_seconds, grammars = 0.0, 0.0, llm.scheduler.grammars
+        self.original = original = grammars.mask_for
+        self.original_is_done = is_done = grammars.is_done
+
+        def timed_is_done(req: Any) -> bool:
+            start = time.perf_counter()
+            done = is_done(req)
+            self.accept_seconds += time.perf_counter() - start
+            return done
+
+        grammars.is_done = timed_is_done  # type: ignore[method-assign]
+
+        def timed_mask_for(batch: Any, pending: Any) -> Any:
+            mask = original(batch, pending)
+            if mask is None:
+                return None
+
+            def timed(logits: torch.Tensor) -> None:
+                start = time.perf_counter()
+                mask(logits)
+                self.seconds += time.perf_counter() - start
+
+            return timed
+
+        grammars.mask_for = timed_mask_for  # type: ignore[method-assign]
+
+
+def run_ms(llm: LLM, batch: int, steps: int, constrained: bool, run: int) -> Dict[str, float]:
+    """One generate of ``batch`` rows for ``steps`` tokens each: its wall time per step (ms)
+    and the mask's host time per step. ``run`` picks prompts no earlier run had, so that the
+    prefix cache serves none of them."""
+    clock = MaskClock(llm)
+    extra = {"regex": NEVER_ENDS} if constrained else {}
+    params = [SamplingParams(max_tokens=steps, ignore_eos=True, temperature=1.0, seed=i,
+                             **extra) for i in range(batch)]
+    prompts = [[(7 * i + j + 9973 * run) % 10000 + 10 for j in range(32)] for i in range(batch)]
+    start = time.perf_counter()
+    llm.generate(prompts, params)
+    wall = time.perf_counter() - start
+    llm.scheduler.grammars.mask_for = clock.original  # type: ignore[method-assign]
+    llm.scheduler.grammars.is_done = clock.original_is_done  # type: ignore[method-assign]
+    return {"step": wall / steps * 1e3, "mask": clock.seconds / steps * 1e3,
+            "accept": clock.accept_seconds / steps * 1e3}
+
+
+def compare(llm: LLM, batch: int, steps: int, repeats: int) -> Dict[str, float]:
+    """Free and constrained runs in turn, ``repeats`` times, each pair in the other order than
+    the last: the median of each."""
+    free, tied, mask, accept = [], [], [], []
+    for repeat in range(repeats):
+        for constrained in (False, True) if repeat % 2 == 0 else (True, False):
+            result = run_ms(llm, batch, steps, constrained, run=2 * repeat + constrained)
+            (tied if constrained else free).append(result["step"])
+            if constrained:
+                mask.append(result["mask"])
+                accept.append(result["accept"])
+    return {"free": statistics.median(free), "constrained": statistics.median(tied),
+            "mask": statistics.median(mask), "accept": statistics.median(accept)}
+
+
+def model_path(args: argparse.Namespace, tmp: str) -> str:
+    if args.model:
+        return args.model
+    if args.shape:
+        from make_checkpoint import make_checkpoint
+
+        device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
+        return str(make_checkpoint(args.shape, Path(tmp) / args.shape, device))
+    from real_model import cached_real_model
+
+    return str(cached_real_model())
+
+
+def main() -> None:
+    args = parse_args()
+    batches: List[int] = [int(b) for b in args.batches.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model_path(args, tmp)
+        llm = LLM(path, device=args.device, max_running_req=max(batches))
+        engine = llm.scheduler.engine
+        llm.generate([[11, 12, 13]], [SamplingParams(max_tokens=4, regex=NEVER_ENDS)])  # warm
+        where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU"
+        print(f"{Path(path).name} on {where}, torch {torch.__version__}, {torch.get_num_threads()}"
+              f" threads; {args.steps} tokens a row, regex {NEVER_ENDS!r}")
+        print(f"{'batch':>5} {'free ms':>9} {'constrained ms':>15} {'+%':>6} {'mask ms':>8} "
+              f"{'accept ms':>10}   (ms a step; medians of 3)")
+        for batch in batches:
+            r = compare(llm, batch, args.steps, repeats=3)
+            print(f"{batch:>5} {r['free']:9.2f} {r['constrained']:15.2f} "
+                  f"{(r['constrained'] / r['free'] - 1) * 100:+6.1f} {r['mask']:8.2f} "
+                  f"{r['accept']:10.2f}")
+        llm.shutdown()
+
+
+if __name__ == "__main__":
+    main()
