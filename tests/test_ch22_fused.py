@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+from helpers import greedy, hf_greedy  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
@@ -447,7 +448,6 @@ def test_on_a_cpu_the_torch_path_stays(tiny_models, monkeypatch):
     """A CPU engine keeps chapter 4's sampler and torch's q/k norms and rotary embedding, and
     the decoder's norm returns a new sum (the kernel would write it into ``residual``): every
     earlier chapter's prints stay as they were."""
-    from helpers import greedy
     from minisgl.engine.sample import Sampler
 
     rope = CountedCalls(monkeypatch, "fused_rope", "qk_norm_rope")
@@ -486,7 +486,6 @@ def test_fused_engine_gives_transformers_greedy_tokens(tiny_models, family, monk
     """float32 on the GPU with the fused kernels wired in (CUDA graphs on): every dense tiny
     family's greedy tokens equal transformers'; the decoder went through the fused norm and
     the fused q/k norm + rotary (Qwen3 with its q/k norms, the others rotary alone)."""
-    from helpers import greedy, hf_greedy
 
     norm = CountedCalls(monkeypatch, "fused_norm", "add_rms_norm")
     rope = CountedCalls(monkeypatch, "fused_rope", "qk_norm_rope")
@@ -503,7 +502,6 @@ def test_the_switch_turns_the_fused_kernels_off(tiny_models, monkeypatch):
     """``MINISGL_DISABLE_FUSED_KERNELS=1``: torch's sampler, norms and rotary on the GPU, the
     same greedy tokens; seeded draws of either sampler repeat when the batch around them
     changes."""
-    from helpers import greedy
     from minisgl.engine.sample import Sampler
 
     def run(prompts: List[List[int]], params: List[SamplingParams]) -> List[List[int]]:

@@ -129,6 +129,17 @@ def test_overlap_scheduling_gives_the_same_tokens(tiny_models):
     assert runs[0] == runs[1]
 
 
+def test_overlaps_first_decode_sees_the_prefills_token(tiny_models):
+    """The first step launches a prefill and at once the decode after it: that decode's mask
+    needs the prefill's token, still in flight. Short prompts, so the second launch decodes."""
+    params = [_params(regex=DATE), _params(json_schema=json.dumps(PERSON))]
+    runs = []
+    for overlap in (False, True):
+        llm = _llm(tiny_models["qwen3"], overlap_scheduling=overlap)
+        runs.append([out["token_ids"] for out in llm.generate(PROMPTS[:2], params)])
+    assert runs[0] == runs[1]
+
+
 @pytest.mark.parametrize("constraint, message", [
     (dict(json_schema="{not json"), "json_schema cannot be compiled: .*Failed to parse JSON"),
     (dict(json_schema='{"type": "nope"}'), "json_schema cannot be compiled: .*nope"),
