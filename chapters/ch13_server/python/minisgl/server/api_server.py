@@ -22,17 +22,6 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from starlette.exceptions import HTTPException
-
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortMsg,
@@ -44,6 +33,16 @@ from minisgl.message import (
 )
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.exceptions import HTTPException
 
 from .args import ServerArgs
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import List, Sequence, Set, Tuple
 
 import torch
-
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine, HostTokens
 from minisgl.env import disable_overlap_scheduling

@@ -7,7 +7,6 @@ from itertools import accumulate
 from typing import List
 
 import torch
-
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx, use_global_ctx
 from minisgl.distributed import get_tp_info, min_across_ranks
