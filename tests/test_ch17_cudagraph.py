@@ -191,8 +191,8 @@ def test_every_padded_step_runs_a_full_batch(tiny_models) -> None:
         seen.append((n, batch.size))
         return runner_forward(batch)
 
-    def counted(batch: Any) -> Any:
-        tokens = forward_batch(batch)
+    def counted(batch: Any, *rest: Any) -> Any:  # rest: a later chapter's arguments
+        tokens = forward_batch(batch, *rest)
         assert tokens.shape == (batch.size,)  # the padded rows' logits were cut off
         return tokens
 

@@ -116,14 +116,14 @@ class Watch:
         forward, take, allocate, process = (s.engine.forward_batch, s.cache_manager._take,
                                             s.table_manager.allocate, s._process)
 
-        def forward_batch(batch):
+        def forward_batch(batch, *rest):  # rest: a later chapter's arguments (the mask, ch23)
             # a request past max_tokens would sample a token too many, its slot unreserved
             assert all(r.can_decode for r in batch.reqs), "a request launched at max_tokens"
             page_table, size = s.engine.page_table, s.page_size
             pages = {int(p) // size for r in batch.reqs
                      for p in page_table[r.table_idx, : r.device_len]}
             self.launched[id(batch)] = (pages, {r.table_idx for r in batch.reqs})
-            return forward(batch)
+            return forward(batch, *rest)
 
         def take_pages(n):
             pages = take(n)
