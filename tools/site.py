@@ -145,11 +145,12 @@ def footer(repository: str | None, chapter: Chapter) -> str:
 
 def site_sections(page: str) -> str:
     """The text's "Exercises" renamed for what they are, its "The judged exercise" left out."""
-    lines, fenced, skipping = [], False, False
+    lines, fence, skipping = [], "", False
     for line in page.splitlines():
-        if line.lstrip().startswith("```"):
-            fenced = not fenced
-        heading = not fenced and line.startswith("## ")
+        marker = line.lstrip()[:3]
+        if marker in ("```", "~~~") and fence in ("", marker):  # a fence closes with its own
+            fence = "" if fence else marker
+        heading = not fence and line.startswith("## ")
         if heading:
             skipping = line.rstrip() == "## The judged exercise"
         if skipping:

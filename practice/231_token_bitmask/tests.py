@@ -186,8 +186,10 @@ def _xgrammar_rows(vocab: list[str]) -> tuple[object, list[set[int]]]:
 
 
 def test_agrees_with_xgrammar_where_installed(solution):
-    """Passes at once in the browser, which has no xgrammar; where it is installed, the rows
-    must be xgrammar's own, and so must the logits its kernel masks."""
+    """Where xgrammar is installed, the rows must be xgrammar's own, and so must the logits its
+    kernel masks. The browser has no xgrammar: there only the first line's one-token row is
+    checked, so that an unwritten solution fails here as it does locally."""
+    assert list(solution.pack_bitmask([0], 1)) == [1], "token 0 alone is bit 0 of word 0"
     if xgrammar is None:
         return
     vocab = _vocabulary()
