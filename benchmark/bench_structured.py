@@ -23,8 +23,9 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, Iterator, List
 
 import torch
 
@@ -48,54 +49,49 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-class MaskClock:
-    """Wraps the scheduler's mask callbacks and its end-of-grammar checks (which advance the
-    matchers by the tokens the host received): the host time each takes, in total."""
+@contextmanager
+def grammar_clock(llm: LLM) -> Iterator[Dict[str, float]]:
+    """Inside the block, the scheduler's mask callbacks and its end-of-grammar checks (which
+    advance the matchers by the tokens the host received) are timed: the seconds each took, in
+    total, land in the dict yielded. Both are put back on leaving."""
+    grammars, seconds = llm.scheduler.grammars, {"mask": 0.0, "accept": 0.0}
+    mask_for, is_done = grammars.mask_for, grammars.is_done
 
-    def __init__(self, llm: LLM):
-        self.seconds, self.accept_seconds, grammars = 0.0, 0.0, llm.scheduler.grammars
-        self.original = original = grammars.mask_for
-        self.original_is_done = is_done = grammars.is_done
-
-        def timed_is_done(req: Any) -> bool:
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any) -> Any:
             start = time.perf_counter()
-            done = is_done(req)
-            self.accept_seconds += time.perf_counter() - start
-            return done
+            try:
+                return fn(*args)
+            finally:
+                seconds[name] += time.perf_counter() - start
+        return run
 
-        grammars.is_done = timed_is_done  # type: ignore[method-assign]
+    def timed_mask_for(batch: Any, pending: Any) -> Any:
+        mask = mask_for(batch, pending)
+        return None if mask is None else timed("mask", mask)
 
-        def timed_mask_for(batch: Any, pending: Any) -> Any:
-            mask = original(batch, pending)
-            if mask is None:
-                return None
-
-            def timed(logits: torch.Tensor) -> None:
-                start = time.perf_counter()
-                mask(logits)
-                self.seconds += time.perf_counter() - start
-
-            return timed
-
-        grammars.mask_for = timed_mask_for  # type: ignore[method-assign]
+    grammars.mask_for, grammars.is_done = timed_mask_for, timed("accept", is_done)
+    try:
+        yield seconds
+    finally:
+        grammars.mask_for, grammars.is_done = mask_for, is_done
 
 
 def run_ms(llm: LLM, batch: int, steps: int, constrained: bool, run: int) -> Dict[str, float]:
     """One generate of ``batch`` rows for ``steps`` tokens each: its wall time per step (ms)
-    and the mask's host time per step. ``run`` picks prompts no earlier run had, so that the
-    prefix cache serves none of them."""
-    clock = MaskClock(llm)
+    and the mask's and the accepts' host time per step. ``run`` picks prompts no earlier run
+    had, so that the prefix cache serves none of them."""
     extra = {"regex": NEVER_ENDS} if constrained else {}
     params = [SamplingParams(max_tokens=steps, ignore_eos=True, temperature=1.0, seed=i,
                              **extra) for i in range(batch)]
-    prompts = [[(7 * i + j + 9973 * run) % 10000 + 10 for j in range(32)] for i in range(batch)]
-    start = time.perf_counter()
-    llm.generate(prompts, params)
-    wall = time.perf_counter() - start
-    llm.scheduler.grammars.mask_for = clock.original  # type: ignore[method-assign]
-    llm.scheduler.grammars.is_done = clock.original_is_done  # type: ignore[method-assign]
-    return {"step": wall / steps * 1e3, "mask": clock.seconds / steps * 1e3,
-            "accept": clock.accept_seconds / steps * 1e3}
+    span = min(llm.scheduler.engine.model_config.vocab_size, 10010) - 10  # ids 10 .. 10009
+    prompts = [[(7 * i + j + 9973 * run) % span + 10 for j in range(32)] for i in range(batch)]
+    with grammar_clock(llm) as seconds:
+        start = time.perf_counter()
+        llm.generate(prompts, params)
+        wall = time.perf_counter() - start
+    return {"step": wall / steps * 1e3, "mask": seconds["mask"] / steps * 1e3,
+            "accept": seconds["accept"] / steps * 1e3}
 
 
 def compare(llm: LLM, batch: int, steps: int, repeats: int) -> Dict[str, float]:

@@ -43,10 +43,8 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from ch15_measure import (  # noqa: E402
     SHAPES,
-    decode_context_tokens,
     decode_floor_s,
     kv_bytes_per_token,
-    nano_vllm_workload,
     weight_bytes,
     workload_floor,
     write_shape,
@@ -90,14 +88,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
     p.add_argument("--json", metavar="PATH", default=None)
     return p.parse_args()
-
-
-def mean_decode_context() -> int:
-    """The mean context of a decode step's request over nano-vllm's whole workload."""
-    prompts, params = nano_vllm_workload()
-    outputs = [p.max_tokens for p in params]
-    steps = sum(o - 1 for o in outputs)  # request-steps: each request decodes out - 1 times
-    return round(decode_context_tokens([len(p) for p in prompts], outputs) / steps)
 
 
 def decode_batch(engine: Engine, batch_size: int, context: int) -> List[Req]:
@@ -166,11 +156,11 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("profile_decode.py needs a GPU")
         return 1
-    context = args.context if args.context is not None else mean_decode_context()
+    floor = workload_floor(SHAPES[args.shape])  # the workload's mean decode step
+    mean_context = round(floor.context / floor.sequences)  # per request: 903
+    context = args.context if args.context is not None else mean_context
     if args.mean_step:
-        floor = workload_floor(SHAPES[args.shape])
-        args.batch = round(floor.sequences)
-        context = round(floor.context / floor.sequences)
+        args.batch, context = round(floor.sequences), mean_context
     floor_us = decode_floor_s(weight_bytes(SHAPES[args.shape]), kv_bytes_per_token(
         SHAPES[args.shape]), args.batch * context, HBM_BYTES_PER_S) * 1e6
     with tempfile.TemporaryDirectory() as tmp:
