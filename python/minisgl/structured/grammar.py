@@ -105,7 +105,10 @@ class RequestGrammar:
 
         bitmask = xgrammar.allocate_token_bitmask(1, self.vocab_size)
         self.fill(bitmask, 0)
-        return bool(bitmask.any())
+        words = bitmask[0].tolist()
+        if self.vocab_size % 32:  # past the vocabulary xgrammar may leave bits set: not tokens
+            words[-1] &= (1 << self.vocab_size % 32) - 1
+        return any(words)
 
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Row ``row`` of ``bitmask`` (int32, 32 tokens a word, on the host): the tokens the
