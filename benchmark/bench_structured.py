@@ -6,7 +6,8 @@
 By default the real small model of the book (SmolLM2-135M-Instruct, ``examples/real_model.py``)
 on the CPU, or ``--shape`` (``examples/ch15_measure.py``'s shapes, random weights, a word-level
 tokenizer as ``benchmark/make_checkpoint.py`` writes it). Each batch size runs twice: every row
-free, then every row under a regular expression that never ends (``[a-z ]+``), both for exactly
+free, then every row under a regular expression that never ends (``[a-z ]+``; with ``--shape``
+``[a-z0-9 ]+``, which its word-level tokens t0, t1, ... match), both for exactly
 ``--steps`` tokens a row (ignore_eos). A step is the run's wall time over its tokens a row (the
 prefill of 32-token prompts included, new ones each run so that the prefix cache serves none);
 each figure is the median of three pairs of runs, the order within a pair alternating. Beside
@@ -36,6 +37,7 @@ from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
 NEVER_ENDS = "[a-z ]+"
+NEVER_ENDS_SHAPE = "[a-z0-9 ]+"  # make_checkpoint.py's word-level tokens: none is all letters
 
 
 def parse_args() -> argparse.Namespace:
@@ -46,6 +48,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batches", default="1,16,256")
     p.add_argument("--steps", type=int, default=16, help="tokens a row")
     p.add_argument("--device", default="auto")
+    p.add_argument("--regex", help="the constraint (default: %r; with --shape, %r, since the "
+                   "shapes' tokens are t0, t1, ...)" % (NEVER_ENDS, NEVER_ENDS_SHAPE))
     return p.parse_args()
 
 
@@ -77,11 +81,11 @@ def grammar_clock(llm: LLM) -> Iterator[Dict[str, float]]:
         grammars.mask_for, grammars.is_done = mask_for, is_done
 
 
-def run_ms(llm: LLM, batch: int, steps: int, constrained: bool, run: int) -> Dict[str, float]:
+def run_ms(llm: LLM, batch: int, steps: int, regex: str | None, run: int) -> Dict[str, float]:
     """One generate of ``batch`` rows for ``steps`` tokens each: its wall time per step (ms)
     and the mask's and the accepts' host time per step. ``run`` picks prompts no earlier run
     had, so that the prefix cache serves none of them."""
-    extra = {"regex": NEVER_ENDS} if constrained else {}
+    extra = {"regex": regex} if regex else {}
     params = [SamplingParams(max_tokens=steps, ignore_eos=True, temperature=1.0, seed=i,
                              **extra) for i in range(batch)]
     span = min(llm.scheduler.engine.model_config.vocab_size, 10010) - 10  # ids 10 .. 10009
@@ -94,13 +98,14 @@ def run_ms(llm: LLM, batch: int, steps: int, constrained: bool, run: int) -> Dic
             "accept": seconds["accept"] / steps * 1e3}
 
 
-def compare(llm: LLM, batch: int, steps: int, repeats: int) -> Dict[str, float]:
+def compare(llm: LLM, batch: int, steps: int, regex: str, repeats: int) -> Dict[str, float]:
     """Free and constrained runs in turn, ``repeats`` times, each pair in the other order than
     the last: the median of each."""
     free, tied, mask, accept = [], [], [], []
     for repeat in range(repeats):
         for constrained in (False, True) if repeat % 2 == 0 else (True, False):
-            result = run_ms(llm, batch, steps, constrained, run=2 * repeat + constrained)
+            result = run_ms(llm, batch, steps, regex if constrained else None,
+                            run=2 * repeat + constrained)
             (tied if constrained else free).append(result["step"])
             if constrained:
                 mask.append(result["mask"])
@@ -129,14 +134,15 @@ def main() -> None:
         path = model_path(args, tmp)
         llm = LLM(path, device=args.device, max_running_req=max(batches))
         engine = llm.scheduler.engine
-        llm.generate([[11, 12, 13]], [SamplingParams(max_tokens=4, regex=NEVER_ENDS)])  # warm
+        regex = args.regex or (NEVER_ENDS_SHAPE if args.shape else NEVER_ENDS)
+        llm.generate([[11, 12, 13]], [SamplingParams(max_tokens=4, regex=regex)])  # warm
         where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU"
         print(f"{Path(path).name} on {where}, torch {torch.__version__}, {torch.get_num_threads()}"
-              f" threads; {args.steps} tokens a row, regex {NEVER_ENDS!r}")
+              f" threads; {args.steps} tokens a row, regex {regex!r}")
         print(f"{'batch':>5} {'free ms':>9} {'constrained ms':>15} {'+%':>6} {'mask ms':>8} "
               f"{'accept ms':>10}   (ms a step; medians of 3)")
         for batch in batches:
-            r = compare(llm, batch, args.steps, repeats=3)
+            r = compare(llm, batch, args.steps, regex, repeats=3)
             print(f"{batch:>5} {r['free']:9.2f} {r['constrained']:15.2f} "
                   f"{(r['constrained'] / r['free'] - 1) * 100:+6.1f} {r['mask']:8.2f} "
                   f"{r['accept']:10.2f}")

@@ -224,3 +224,41 @@ def test_a_real_model_answers_in_its_schema(real_model):
     prompt = tokenizer.decode(ids)
     assert tokenizer(prompt)["input_ids"] == ids  # the same prompt tokens on both sides
     assert outs[0]["token_ids"] == _hf_constrained(real_model, prompt, grammar, 60)
+
+
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@on_cuda
+@pytest.mark.parametrize("vocab", [7, 300, 151_936])
+def test_the_gpu_mask_kernel_masks_as_the_cpu_loop_does(vocab):
+    """xgrammar's CUDA kernel and its CPU loop give the same logits for a random bitmask, on
+    the rows asked for only (the rest untouched), padding bits past the vocabulary set."""
+    from minisgl.structured import apply_bitmask, fill_bitmask
+
+    torch.manual_seed(0)
+    words = -(-vocab // 32)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (5, words), dtype=torch.int32)
+    logits = torch.randn(5, vocab)
+    rows = [0, 2, 3]
+    on_cpu, on_gpu = logits.clone(), logits.cuda()
+    apply_bitmask(on_cpu, bitmask, rows)
+    apply_bitmask(on_gpu, bitmask, rows)
+    assert torch.equal(on_gpu.cpu(), on_cpu)
+    pinned, _ = fill_bitmask([], 5, vocab, pin_memory=True)  # its copy does not wait
+    assert pinned.is_pinned() and bool((pinned == -1).all())
+    assert torch.equal(on_cpu[[1, 4]], logits[[1, 4]])
+    assert torch.isinf(on_cpu[rows]).any()
+
+
+@on_cuda
+def test_json_outputs_validate_on_cuda(tiny_models):
+    """The whole path on a GPU (overlap scheduling on, the fused sampler, xgrammar's kernel)."""
+    from minisgl.llm import LLM
+
+    llm = LLM(str(tiny_models["qwen3"]), device="cuda", page_size=4, num_pages=256)
+    outs = llm.generate(PROMPTS[:4], _sampled(json_schema=json.dumps(PERSON)))
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), PERSON)
+    assert_pages_all_back(llm.scheduler)
+    llm.shutdown()

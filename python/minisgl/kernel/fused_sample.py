@@ -117,11 +117,13 @@ class FusedSampler(Sampler):
         seed over its row. Every row draws, seeded or not, so a seed moves no neighbour's draw."""
         num_rows = args.greedy.shape[0]
         seeds = torch.randint(2**62, (num_rows,), generator=self._generator, device=self.device)
-        own = [(row, seed) for row, seed in enumerate(args.row_seeds) if seed is not None]
-        if own:
-            rows, values = zip(*own)
-            seeds[list(rows)] = torch.tensor(values, dtype=torch.int64).to(self.device)
-        return seeds
+        if all(seed is None for seed in args.row_seeds):
+            return seeds
+        # one copy from pinned memory, which does not wait for the forward queued before it
+        own = torch.tensor([[0 if s is None else s for s in args.row_seeds],
+                            [s is not None for s in args.row_seeds]], dtype=torch.int64,
+                           pin_memory=self.device.type == "cuda").to(self.device, non_blocking=True)
+        return torch.where(own[1].bool(), own[0], seeds)
 
     @staticmethod
     def _filtered(logits: torch.Tensor,

@@ -78,7 +78,8 @@ class GrammarManager:
             for i, grammar in rows:
                 req = batch.reqs[i]
                 grammar.catch_up(req.output_ids + _one(in_flight.get(req)))
-            bitmask, live = fill_bitmask(rows, batch.size, self.vocab_size)
+            bitmask, live = fill_bitmask(rows, batch.size, self.vocab_size,
+                                         pin_memory=logits.is_cuda)
             apply_bitmask(logits, bitmask, live)
 
         return mask
