@@ -1,0 +1,421 @@
+"""Chapter 24: speculative decoding. Greedy tokens with drafts (n-grams, another model, a
+perturbed copy of the target) equal greedy tokens without, on every family, page size and k;
+speculative sampling leaves the target's distribution as it was (and a wrong rule is caught);
+refused drafts give their pages back, leave nothing in the prefix cache, and EOS, max_tokens
+and aborts cut a run where they should; bad settings get one clear error each."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Sequence
+
+import pytest
+import torch
+from helpers import DENSE, assert_pages_all_back, greedy, hf_tokenizer, modules_imported
+
+FAMILIES = (*DENSE, "qwen3moe")
+# text that repeats its n-grams, as an edit or a quote of the prompt does: n-grams propose
+PROMPTS = ["a b c d a b c d a b c d the quick brown fox the quick brown fox",
+           "hello world hello world hello",
+           "one two three four five one two three four five one two",
+           "the weather today is sunny"]
+N = 24  # new tokens a row: enough steps for several runs, accepted and refused
+
+
+def _llm(path: Any, page_size: int = 4, **options: Any) -> Any:
+    from minisgl.llm import LLM
+
+    return LLM(str(path), device="cpu", page_size=page_size, num_pages=256, **options)
+
+
+def _tokens(llm: Any, params: Any = None, prompts: Sequence[Any] = PROMPTS) -> List[List[int]]:
+    return [out["token_ids"] for out in llm.generate(list(prompts), params or greedy(N))]
+
+
+@pytest.fixture(scope="session")
+def perturbed(tiny_models, tmp_path_factory) -> Callable[[str], Path]:
+    """family -> a copy of its tiny model with noise on every matrix: the same tokenizer and
+    vocabulary, weights near enough that some drafts are right and others wrong."""
+    from safetensors.torch import load_file, save_file
+
+    made: Dict[str, Path] = {}
+
+    def make(family: str) -> Path:
+        if family not in made:
+            source = tiny_models[family]
+            target = tmp_path_factory.mktemp(f"{family}_perturbed")
+            shutil.copytree(source, target, dirs_exist_ok=True)
+            state = load_file(str(source / "model.safetensors"))
+            generator = torch.Generator().manual_seed(0)
+            noisy = {k: v + 0.1 * v.std() * torch.randn(v.shape, generator=generator)
+                     if v.dim() > 1 else v for k, v in state.items()}
+            save_file(noisy, str(target / "model.safetensors"), metadata={"format": "pt"})
+            made[family] = target
+        return made[family]
+
+    return make
+
+
+def _other_family(family: str) -> str:
+    """A draft of another architecture with the same tokenizer (every family but qwen2bytes
+    shares it, 450 tokens)."""
+    return "qwen3" if family == "qwen3moe" else DENSE[(DENSE.index(family) + 1) % len(DENSE)]
+
+
+@pytest.mark.parametrize("page_size", [1, 3, 4])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_tokens_with_drafts_equal_greedy_tokens_without(tiny_models, perturbed, family,
+                                                               page_size):
+    """Every draft source and k: the same tokens, drafts crossing page boundaries; the
+    n-gram and the perturbed drafts are right sometimes and wrong sometimes, so both the
+    accepted runs and the rollback of refused drafts are exercised."""
+    path = tiny_models[family]
+    expected = _tokens(_llm(path, page_size))
+    configs = [("ngram", None, k) for k in (1, 2, 5, 8)]
+    configs += [("draft", tiny_models[_other_family(family)], 3),
+                ("draft", path, 4),  # its own draft: every draft accepted
+                ("draft", perturbed(family), 2), ("draft", perturbed(family), 8)]
+    for method, draft, k in configs:
+        llm = _llm(path, page_size, speculative=method, speculative_k=k, draft_model=draft and
+                   str(draft))
+        assert _tokens(llm) == expected, (method, draft, k)
+        assert_pages_all_back(llm.scheduler)
+        stats = llm.scheduler.speculator.stats
+        assert stats.proposed > 0, (method, k)
+        if draft == path:
+            assert stats.accepted == stats.proposed
+        elif method == "ngram" or draft == perturbed(family):
+            assert stats.proposed > stats.accepted > 0, (method, draft, k, stats)
+
+
+def test_the_real_model_edits_a_text_as_fast_as_it_agrees(real_model):
+    """SmolLM2-135M-Instruct asked to repeat a text with one word changed: the n-gram drafts
+    copy from the prompt, many are right, and the tokens are greedy's own."""
+    tokenizer = hf_tokenizer(real_model)
+    text = "The robot read one book every night and told the children about it each morning."
+    chat = [{"role": "user", "content": f"Repeat this text, with 'robot' replaced by 'cat': "
+                                        f"{text}"}]
+    ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True)["input_ids"]
+    expected = _tokens(_llm(real_model), greedy(32), [ids])
+    llm = _llm(real_model, speculative="ngram", speculative_k=4)
+    assert _tokens(llm, greedy(32), [ids]) == expected
+    stats = llm.scheduler.speculator.stats
+    assert stats.acceptance > 0 and stats.tokens_per_step > 1, stats
+
+
+# --- speculative sampling: the target's distribution, exactly --------------------------------
+
+V = 6
+P = torch.tensor([[0.40, 0.05, 0.25, 0.10, 0.15, 0.05],  # the target at each position
+                  [0.05, 0.30, 0.05, 0.20, 0.10, 0.30],
+                  [0.20, 0.20, 0.20, 0.10, 0.10, 0.20]])
+Q = torch.tensor([[0.05, 0.40, 0.10, 0.30, 0.05, 0.10],  # the draft model's, far from P
+                  [0.30, 0.05, 0.30, 0.05, 0.25, 0.05]])
+DRAWS = 8000
+TV_BOUND = 0.04  # the sampling noise of the TV distance at this many draws is about 0.01
+Accept = Callable[..., List[int]]
+
+
+def _tv_distances(accept: Accept, one_hot: bool) -> List[float]:
+    """Total-variation distance from P of the first token of every run, and of the second
+    of the runs that kept the first draft (then drawn from P[1], whatever happened before)."""
+    generator = torch.Generator().manual_seed(1234)
+    first, second = torch.zeros(V), torch.zeros(V)
+    for i in range(DRAWS):
+        if one_hot:  # drafts that are not draws: n-grams, a greedy draft model
+            drafts, q = [i % V, (i // V) % V], None
+        else:
+            drafts = [int(torch.multinomial(Q[j], 1, generator=generator)) for j in range(2)]
+            q = Q
+        run = accept(drafts, P, generator, q)
+        first[run[0]] += 1
+        if len(run) > 1:
+            assert run[0] == drafts[0]
+            second[run[1]] += 1
+    return [0.5 * float((counts / counts.sum() - P[j]).abs().sum())
+            for j, counts in enumerate((first, second))]
+
+
+def _accept_with(rule: str) -> Accept:
+    """accept_sampled with a wrong acceptance probability: to show that the statistic
+    catches a rule that keeps drafts too often."""
+
+    def accept(drafts: Sequence[int], p: torch.Tensor, generator: torch.Generator,
+               q: torch.Tensor | None) -> List[int]:
+        run: List[int] = []
+        for i, token in enumerate(drafts):
+            q_i = torch.zeros(V).index_fill_(0, torch.tensor(token), 1.0) if q is None else q[i]
+            chance = {"always": 1.0, "q/p": min(1.0, float(q_i[token] / p[i][token]))}[rule]
+            if float(torch.rand((), generator=generator)) < chance:
+                run.append(token)
+                continue
+            leftover = (p[i] - q_i).clamp_min(0.0)
+            run.append(int(torch.multinomial(leftover / leftover.sum(), 1,
+                                             generator=generator)))
+            return run
+        run.append(int(torch.multinomial(p[len(drafts)], 1, generator=generator)))
+        return run
+
+    return accept
+
+
+@pytest.mark.parametrize("one_hot", [True, False])
+def test_speculative_sampling_draws_from_the_target(one_hot):
+    from minisgl.speculative import accept_sampled
+
+    def ours(drafts, p, generator, q):
+        return accept_sampled(drafts, p, generator, q)
+
+    assert max(_tv_distances(ours, one_hot)) < TV_BOUND
+    for wrong in ("always", "q/p"):  # the test's power: rules that keep too much fail it
+        assert max(_tv_distances(_accept_with(wrong), one_hot)) > 2 * TV_BOUND, wrong
+
+
+def test_a_seeded_sampled_run_repeats_itself(tiny_models):
+    """Seeded rows draw from their own generators (their seed and step): the same tokens from
+    a fresh engine, unseeded rows beside them or not."""
+    from minisgl.core import SamplingParams
+
+    seeded = [SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=N, ignore_eos=True)
+              for s in (1, 2)]
+    runs = []
+    for extra in ([], [SamplingParams(temperature=1.0, max_tokens=N)]):
+        llm = _llm(tiny_models["qwen3"], speculative="ngram", speculative_k=4)
+        runs.append(_tokens(llm, seeded + extra, PROMPTS[: 2 + len(extra)])[:2])
+        assert llm.scheduler.speculator.stats.proposed > 0
+    assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
+
+
+# --- pages, the prefix cache, aborts ----------------------------------------------------------
+
+def _scheduler(path: Any, page_size: int = 3, **options: Any) -> Any:
+    from minisgl.scheduler import Scheduler, SchedulerConfig
+
+    return Scheduler(SchedulerConfig(str(path), device="cpu", page_size=page_size,
+                                     num_pages=128, **options))
+
+
+def _ids(path: Any, text: str) -> List[int]:
+    return hf_tokenizer(path)(text)["input_ids"]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_pages_all_come_back_after_refusals_and_aborts(tiny_models, perturbed, method):
+    """Requests aborted while they speculate, at several points, and the rest run to the end:
+    no page lost or freed twice, in the target's pool or the draft's."""
+    path = tiny_models["llama3"]
+    draft = str(perturbed("llama3")) if method == "draft" else None
+    s = _scheduler(path, cache_type="naive", speculative=method, speculative_k=5,
+                   draft_model=draft)
+    reqs = [s.add_req(_ids(path, p), greedy(40)) for p in PROMPTS * 2]
+    for step in range(1, 10):
+        s.step()
+        if step % 3 == 0:  # after the prefill: reqs[0..2] are mid-decode, speculating
+            assert reqs[step // 3 - 1].output_ids and s.speculator.stats.steps > 0
+            s.abort(reqs[step // 3 - 1])
+    s.run_until_idle()
+    assert s.speculator.stats.proposed > s.speculator.stats.accepted > 0
+    s.cache_manager.check_integrity(exhaustive=True)
+    s.speculator.check_integrity()
+    assert s.cache_manager.num_free_pages == s.cache_manager.num_pages
+    if method == "draft":
+        drafter = s.speculator.drafter
+        assert drafter.mirrors == {}
+        drafter.cache.check_integrity(exhaustive=True)
+        assert drafter.cache.num_free_pages == drafter.cache.num_pages
+    assert all(len(r.output_ids) < 40 for r in reqs[:3])
+    assert [len(r.output_ids) for r in reqs[3:]] == [40] * (len(reqs) - 3)
+
+
+def test_a_running_request_holds_only_the_pages_of_its_kept_tokens(tiny_models):
+    """After each speculative step a request's pages are those of its cached tokens and the
+    one it runs next: the pages a refused draft took are free again."""
+    from minisgl.utils.misc import div_ceil
+
+    path = tiny_models["qwen2"]
+    s = _scheduler(path, page_size=2, cache_type="naive", speculative="ngram",
+                   speculative_k=8)
+    req = s.add_req(_ids(path, PROMPTS[0]), greedy(60))
+    refused = 0
+    while not s.idle:
+        before = s.speculator.stats
+        proposed, accepted = before.proposed, before.accepted
+        s.step()
+        refused += (s.speculator.stats.proposed - proposed) - (s.speculator.stats.accepted
+                                                               - accepted)
+        if req.table_idx >= 0 and len(req.output_ids) < 60:
+            assert req.device_len == req.cached_len + 1 == len(req.all_ids)
+            held = div_ceil(req.cached_len, s.cache_manager.page_size)
+            assert s.cache_manager.num_free_pages == s.cache_manager.num_pages - held
+    assert refused > 0
+    assert s.cache_manager.num_free_pages == s.cache_manager.num_pages
+
+
+def test_the_prefix_cache_keeps_only_accepted_tokens(tiny_models):
+    """After a run full of refused drafts the radix cache holds the prompt and the tokens kept
+    (whole pages, less the last token, never run): a prompt that extends them matches that
+    far and gets greedy's tokens; one with a refused draft in it matches no further."""
+    path, page = tiny_models["llama3"], 3
+    prompt = _ids(path, PROMPTS[0])
+    llm = _llm(path, page, speculative="ngram", speculative_k=6)
+    out = _tokens(llm, greedy(N), [prompt])[0]
+    stats = llm.scheduler.speculator.stats
+    assert stats.proposed > stats.accepted > 0
+    cache = llm.scheduler.cache_manager.prefix_cache
+    kept = (len(prompt) + N - 1) // page * page
+    assert cache.match_prefix(prompt + out).cached_len == kept
+    assert cache.size_info.total_size == kept
+    wrong = (out[5] + 1) % 450  # not the token greedy chose at position len(prompt) + 5
+    assert cache.match_prefix(prompt + out[:5] + [wrong] + out[6:]).cached_len == \
+        (len(prompt) + 5) // page * page
+    longer = prompt + out
+    reference = _tokens(_llm(path, page, cache_type="naive"), greedy(8), [longer])
+    assert _tokens(llm, greedy(8), [longer]) == reference
+    assert_pages_all_back(llm.scheduler)
+
+
+# --- where a run ends: max_tokens, EOS --------------------------------------------------------
+
+@pytest.mark.parametrize("k", [1, 3, 8, 16])
+def test_max_tokens_is_never_exceeded(tiny_models, k):
+    llm = _llm(tiny_models["llama3"], speculative="ngram", speculative_k=k)
+    for max_tokens in (1, 2, 3, 5, 9):
+        expected = _tokens(_llm(tiny_models["llama3"]), greedy(max_tokens))
+        assert _tokens(llm, greedy(max_tokens)) == expected
+    assert llm.scheduler.speculator.stats.accepted > 0
+    assert_pages_all_back(llm.scheduler)
+
+
+def test_a_run_that_holds_eos_ends_there(tiny_models, monkeypatch):
+    """EOS as a draft the target accepts, inside a run: the output ends at it, the run's later
+    tokens are dropped, and the text leaves it out. The target is its own draft, so its runs
+    are long, and an n-gram would only propose a token seen before."""
+    from minisgl.core import SamplingParams
+    from minisgl.scheduler.speculative import Speculator
+
+    path = tiny_models["llama3"]
+    runs: List[List[int]] = []
+    original = Speculator.decode
+
+    def recording(self, *args):
+        out = original(self, *args)
+        runs.extend(out[0])
+        return out
+
+    monkeypatch.setattr(Speculator, "decode", recording)
+    spec = dict(speculative="draft", draft_model=str(path), speculative_k=8)  # all accepted
+    free = _tokens(_llm(path, **spec), greedy(N), PROMPTS[:1])[0]
+    # a token that first appears inside a run, not at its end: made the EOS, it cuts that run
+    starts = [1 + sum(len(r) for r in runs[:i]) for i in range(len(runs))]  # 1: the prefill's
+    inside = [start + j for start, run in zip(starts, runs) for j in range(len(run) - 1)
+              if free.index(run[j]) == start + j]
+    assert inside, runs
+    eos, end = free[inside[0]], inside[0] + 1
+    runs.clear()
+    llm = _llm(path, **spec)
+    llm.scheduler.eos_token_ids = {eos}
+    out = llm.generate(PROMPTS[:1], SamplingParams(temperature=0.0, max_tokens=N))[0]
+    assert out["token_ids"] == free[:end]
+    assert out["text"] == llm.tokenizer.decode(free[: end - 1], skip_special_tokens=True)
+    assert any(eos in run[:-1] for run in runs), runs  # the run went on past EOS: cut there
+    assert_pages_all_back(llm.scheduler)
+
+
+# --- speculation beside structured output -----------------------------------------------------
+
+def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
+    """A constrained request drafts nothing but runs in the same verify batch: its output is
+    valid and equals its tokens without speculation, and the free rows keep greedy's."""
+    pytest.importorskip("xgrammar")
+    jsonschema = pytest.importorskip("jsonschema")
+    from minisgl.core import SamplingParams
+
+    date = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
+    person = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
+              "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+                             "ok": {"type": "boolean"}}}
+    params = [greedy(N), SamplingParams(max_tokens=60, regex=date), greedy(N),
+              SamplingParams(max_tokens=80, json_schema=json.dumps(person))]
+    path = tiny_models["qwen3"]
+    expected = _llm(path).generate(PROMPTS, params)
+    llm = _llm(path, speculative="ngram", speculative_k=4)
+    outs = llm.generate(PROMPTS, params)
+    assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in expected]
+    assert re.fullmatch(date, outs[1]["text"])
+    jsonschema.validate(json.loads(outs[3]["text"]), person)
+    assert llm.scheduler.speculator.stats.accepted > 0
+    assert_pages_all_back(llm.scheduler)
+
+
+# --- settings ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("options, message", [
+    (dict(speculative="bad"), "speculative must be 'ngram' or 'draft', got 'bad'"),
+    (dict(speculative="draft"), "draft_model goes with speculative='draft'"),
+    (dict(speculative="ngram", draft_model="/m"), "draft_model goes with speculative='draft'"),
+    (dict(draft_model="/m"), "draft_model goes with speculative='draft'"),
+    (dict(speculative="ngram", speculative_k=0), r"speculative_k must be in \[1, 16\], got 0"),
+    (dict(speculative="ngram", speculative_k=17), r"speculative_k must be in \[1, 16\], got 17"),
+    (dict(speculative="ngram", tp_size=2), "speculative decoding runs at tp_size=1 only"),
+])
+def test_a_bad_setting_gets_one_clear_error(tiny_models, options, message):
+    from minisgl.scheduler import SchedulerConfig
+
+    with pytest.raises(ValueError, match=message):
+        SchedulerConfig(str(tiny_models["qwen3"]), device="cpu", **options)
+
+
+def test_a_draft_with_another_vocabulary_is_refused(tiny_models):
+    with pytest.raises(ValueError, match=r"has 512 tokens, the target 450"):
+        _llm(tiny_models["llama3"], speculative="draft",
+             draft_model=str(tiny_models["qwen2bytes"]))
+
+
+def test_the_command_line_sets_speculation():
+    from minisgl.server.args import parse_args
+
+    config = parse_args(["--model", "/m", "--speculative", "draft", "--draft-model", "/d",
+                         "--speculative-k", "3"]).scheduler_config()
+    assert (config.speculative, config.draft_model, config.speculative_k) == ("draft", "/d", 3)
+    upstream = parse_args(["--model", "/m", "--speculative-algorithm", "ngram",
+                           "--speculative-num-draft-tokens", "6"]).scheduler_config()
+    assert (upstream.speculative, upstream.speculative_k, upstream.draft_model) == \
+        ("ngram", 6, None)
+    assert parse_args(["--model", "/m"]).scheduler_config().speculative is None
+    for bad in (["--speculative", "eagle"], ["--speculative", "draft"],
+                ["--speculative", "ngram", "--speculative-k", "0"]):
+        with pytest.raises(SystemExit):
+            parse_args(["--model", "/m", *bad])
+
+
+# --- the n-gram drafter and the greedy rule, alone --------------------------------------------
+
+def test_the_speculative_package_imports_first():
+    """A fresh interpreter can import minisgl.speculative before anything else (an exercise,
+    a notebook): no import cycle through the scheduler."""
+    assert modules_imported("minisgl.speculative", ["minisgl.speculative.verify"]) == \
+        ["minisgl.speculative.verify"]
+
+
+def test_ngram_drafts_continue_the_latest_earlier_occurrence():
+    from minisgl.speculative import propose_ngram
+
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    assert propose_ngram(tokens, 3) == [7, 8, 1]  # the latest [1, 2, 3] before the suffix
+    assert propose_ngram(tokens, 1) == [7]
+    assert propose_ngram([5, 6, 5], 4) == [6, 5]  # what follows, as far as there is
+    assert propose_ngram([1, 2, 3, 4], 4) == []  # no suffix seen before
+    assert propose_ngram([4, 5, 6, 4, 5, 6, 4, 5], 2, max_n=2) == [6, 4]
+    assert propose_ngram(tokens, 0) == []
+
+
+def test_greedy_acceptance_keeps_the_agreeing_drafts_and_the_targets_next():
+    from minisgl.speculative import accept_greedy
+
+    assert accept_greedy([4, 5, 6], [4, 5, 9, 1]) == [4, 5, 9]  # refused at the third
+    assert accept_greedy([4, 5, 6], [4, 5, 6, 1]) == [4, 5, 6, 1]  # all, and the bonus
+    assert accept_greedy([4], [3, 8]) == [3]
+    assert accept_greedy([], [7]) == [7]
