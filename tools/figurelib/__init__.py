@@ -39,6 +39,7 @@ from . import (  # noqa: F401  (each registers its figures)
     ch21,
     ch22,
     ch23,
+    ch24,
 )
 from .common import FIGURES, ROOT, draw_in_tree
 
