@@ -10,7 +10,9 @@ from typing import List
 
 import matplotlib.pyplot as plt
 
-from .common import COLORS, GREY, figure, quietly, tiny_model
+from .common import COLORS, figure, quietly, tiny_model
+
+LABEL_GREY = "#666666"  # darker than GREY: the labels sit on the points' colours
 
 KS = (2, 4, 8)
 NOISE = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)  # 0: the target is its own draft
@@ -102,8 +104,8 @@ def acceptance() -> plt.Figure:
         right.text(0.01, k + 1.08, f"k + 1 = {k + 1}", color=color, fontsize=8)
     for p in points:
         if p.k == KS[-1] and p.noise in LABELLED:  # name the draft beside its k = 8 point
-            right.annotate(f"{p.noise:g}", (p.per_draft, p.tokens_per_step), fontsize=7,
-                           color=GREY, xytext=(4, -10), textcoords="offset points")
+            right.annotate(f"{p.noise:g}", (p.per_draft, p.tokens_per_step), fontsize=8,
+                           color=LABEL_GREY, xytext=(6, -13), textcoords="offset points")
     left.set_title("against drafts kept / drafts proposed (the main's %)", fontsize=10)
     right.set_title("against a = drafts kept / drafts the target reached", fontsize=10)
     left.set_ylabel("tokens a request gets per target forward")
@@ -114,6 +116,6 @@ def acceptance() -> plt.Figure:
         ax.grid(alpha=0.3)
     left.legend(loc="upper left", fontsize=8)
     right.legend(loc="upper left", fontsize=8, bbox_to_anchor=(0.0, 0.86))
-    right.text(1.0, 1.0, "grey: the noise scale of the k = 8 draft", ha="right", fontsize=7,
-               color=GREY)
+    right.text(1.0, 1.0, "grey: the noise scale of the k = 8 draft", ha="right", fontsize=8,
+               color=LABEL_GREY)
     return fig
