@@ -339,7 +339,7 @@ def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
                              "ok": {"type": "boolean"}}}
     params = [greedy(N), SamplingParams(max_tokens=60, regex=date), greedy(N),
               SamplingParams(max_tokens=80, json_schema=json.dumps(person))]
-    path = tiny_models["qwen3"]
+    path = tiny_models["llama3"]
     expected = _llm(path).generate(PROMPTS, params)
     llm = _llm(path, speculative="ngram", speculative_k=4)
     outs = llm.generate(PROMPTS, params)
