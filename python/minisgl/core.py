@@ -150,7 +150,7 @@ class Batch:
     """
 
     reqs: List[Req]
-    phase: Literal["prefill", "decode"] = "decode"
+    phase: Literal["prefill", "decode", "verify"] = "decode"  # verify: drafts (chapter 24)
     input_ids: torch.Tensor | None = field(default=None, repr=False)
     positions: torch.Tensor | None = field(default=None, repr=False)
     out_loc: torch.Tensor | None = field(default=None, repr=False)
@@ -165,7 +165,9 @@ class Batch:
 
     @property
     def is_prefill(self) -> bool:
-        return self.phase == "prefill"
+        """Its requests may bring several tokens each (a prompt, its chunk, or drafts to verify,
+        chapter 24): the extend path of attention, and no CUDA graph. Not a decode step."""
+        return self.phase != "decode"
 
 
 @dataclass

@@ -154,7 +154,8 @@ class Engine:
         host_ids, batch.positions, batch.table_rows = flat[:t], flat[t : 2 * t], flat[2 * t : 3 * t]
         batch.input_ids = torch.where(host_ids >= 0, host_ids, self.last_tokens[batch.table_rows])
         batch.out_loc = self.page_table[batch.table_rows, batch.positions].long()
-        if t > len(reqs):  # some request brings several tokens: sample only the last's
+        if t > len(reqs) and batch.phase != "verify":  # sample only each request's last
+            # token; drafts to verify (chapter 24) need the logits at every position
             batch.logits_rows = flat[3 * t :]
         self.attn_backend.prepare_metadata(batch)
 
@@ -188,6 +189,21 @@ class Engine:
             rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
             self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
             return tokens
+
+    @torch.inference_mode()
+    def verify_logits(self, batch: Batch) -> torch.Tensor:
+        """The logits at every position of a batch of drafts to verify (chapter 24): [T, V]
+        float32, no token sampled. Afterwards every request counts all its tokens as cached."""
+        assert batch.phase == "verify"
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(batch):
+            with self.timer.phase("prepare"):
+                self.prepare_batch(batch)
+            assert batch.input_ids is not None and batch.positions is not None
+            with self.timer.phase("forward verify"):
+                logits = self.model.forward(batch.input_ids, batch.positions)
+        for req in batch.reqs:
+            req.complete_forward()
+        return logits.float()
 
     def start_copy_to_host(self, tokens: torch.Tensor) -> HostTokens:
         """Start copying sampled tokens to the host without waiting for them: on a GPU into

@@ -29,7 +29,8 @@ class BatchSamplingArgs:
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_k, top_p = [p.top_k for p in params], [p.top_p for p in params]
         # one host-to-device copy, not four: each costs tens of microseconds on a GPU (ch15)
-        # pinned on a GPU: a copy from pageable memory may wait for the forward before it (ch18)
+        # pinned on a GPU: from pageable memory the copy may wait for the forward queued
+        # before it, the very work overlap scheduling (chapter 18) runs the host beside
         rows = torch.tensor([temperatures, top_k, top_p, greedy], dtype=torch.float64,
                             pin_memory=torch.device(device).type == "cuda")
         rows = rows.to(device, non_blocking=True)

@@ -72,6 +72,15 @@ class CacheManager:
         self.page_table.view(-1)[where.to(self.page_table.device, non_blocking=True)] = (
             slots.flatten())
 
+    def free_tail(self, req: Req, held_len: int) -> None:
+        """Give back the pages the request took for positions [cached_len, held_len) and no
+        longer needs: the K and V of draft tokens the target refused (chapter 24). A page
+        holding any position below cached_len stays, however much of it was refused."""
+        size, row = self.page_size, req.table_idx
+        first, last = div_ceil(req.cached_len, size), div_ceil(held_len, size)
+        if last > first:
+            self._free(self.page_table[row, first * size : last * size])
+
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Give the request's cached tokens to the prefix cache. Finished: it unlocks them and
         frees the pages the cache did not keep. Running: it keeps them, locked by a new handle.

@@ -14,8 +14,21 @@ class SchedulerConfig(EngineConfig):
     # schedule batch k+1 before batch k's tokens reach the host (chapter 18); None: on a GPU.
     # MINISGL_DISABLE_OVERLAP_SCHEDULING=1 turns it off whatever this says
     overlap_scheduling: bool | None = None
+    # speculative decoding (chapter 24): None (off), "ngram" or "draft" (needs draft_model);
+    # each decode step proposes speculative_k drafts a request. It turns overlap off
+    speculative: str | None = None
+    speculative_k: int = 4
+    draft_model: str | None = None  # a smaller model with the target's tokenizer
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.max_extend_tokens < 1:
             raise ValueError(f"max_extend_tokens must be >= 1, got {self.max_extend_tokens}")
+        if self.speculative not in (None, "ngram", "draft"):
+            raise ValueError(f"speculative must be 'ngram' or 'draft', got {self.speculative!r}")
+        if not 1 <= self.speculative_k <= 16:
+            raise ValueError(f"speculative_k must be in [1, 16], got {self.speculative_k}")
+        if (self.speculative == "draft") != (self.draft_model is not None):
+            raise ValueError("draft_model goes with speculative='draft', and only with it")
+        if self.speculative and self.tp_size > 1:
+            raise ValueError("speculative decoding runs at tp_size=1 only")

@@ -19,6 +19,7 @@ from .config import SchedulerConfig
 from .decode import DecodeManager
 from .grammar import GrammarManager, Pending, pending_tokens
 from .prefill import PrefillManager
+from .speculative import Speculator
 from .table import TableManager
 from .utils import StepOutput, check_request
 
@@ -31,6 +32,7 @@ class Launched:
     extend_lens: List[int]  # tokens each request ran
     sampled: List[bool]  # whether each request got a token (not a chunk of a prompt)
     tokens: HostTokens  # on their way to the host
+    runs: List[List[int]] | None = None  # speculative decoding: each request's new tokens
 
 
 class Scheduler:
@@ -59,6 +61,8 @@ class Scheduler:
                                               self.decode_manager, config.page_size)
         self.eos_token_ids = _eos_token_ids(config.model_path)
         self.grammars = GrammarManager(config.model_path, self.engine.model_config.vocab_size)
+        self.speculator = (Speculator(config, self.engine, self.cache_manager)
+                           if config.speculative else None)  # chapter 24
         self.overlap = _use_overlap(config, self.engine.device)
         self._next_uid = 0
         self._in_flight: Launched | None = None  # launched, not processed (overlap only)
@@ -109,6 +113,8 @@ class Scheduler:
         while (out := self.step()) is not None:
             finished.extend(out.finished)
         self.cache_manager.check_integrity()  # idle: every page is free or cached, none locked
+        if self.speculator is not None:
+            self.speculator.check_integrity()  # the draft model's pages are all back
         return finished
 
     def abort(self, req: Req) -> None:
@@ -133,6 +139,8 @@ class Scheduler:
                      or self.decode_manager.schedule_next_batch())
             if batch is None:
                 return None
+            if self.speculator is not None and not batch.is_prefill:
+                return self._launch_speculative(batch)
             extend_lens = [r.extend_len for r in batch.reqs]
             self.cache_manager.allocate(batch.reqs)
         mask = self.grammars.mask_for(batch, self._pending())
@@ -147,31 +155,50 @@ class Scheduler:
         self.decode_manager.remove_done()  # max_tokens: known now, before the tokens are back
         return Launched(batch, extend_lens, sampled, self.engine.start_copy_to_host(next_tokens))
 
+    def _launch_speculative(self, batch: Batch) -> Launched:
+        """A decode step with drafts (chapter 24), run to its end: the next step's positions
+        depend on how many tokens this one keeps, so nothing is launched ahead of it."""
+        constrained = [r in self.grammars.grammars for r in batch.reqs]
+        mask = self.grammars.mask_for(batch, self._pending())
+        runs, ran = self.speculator.decode(batch, constrained, mask)
+        self.decode_manager.remove_done()
+        tokens = HostTokens(torch.tensor([run[0] for run in runs]))  # the runs' first tokens
+        return Launched(batch, ran, [True] * batch.size, tokens, runs)
+
     def _process(self, done: Launched) -> StepOutput:
         """The host's share of a batch: wait for its tokens, append them, finish requests."""
         with self.engine.timer.phase("process"):
             next_tokens = done.tokens.tolist()  # this batch's tokens alone, not the next batch's
+            runs = done.runs or [[token] for token in next_tokens]  # several: speculation
             deferred, self._deferred = self._deferred, []
             for req, finished in deferred:  # they waited for `done`, which is over
                 self._cache(req, finished)
             released, self._released = self._released, set()
             delivered, finished_reqs = [], []
-            for req, token, got_token, n in zip(done.batch.reqs, next_tokens, done.sampled,
-                                                done.extend_lens):
+            for req, run, got_token, n in zip(done.batch.reqs, runs, done.sampled,
+                                              done.extend_lens):
                 if req in released:
                     continue  # finished or aborted after this batch was launched: drop it
                 delivered.append((req.uid, n))
                 if not got_token:
                     continue  # a chunk of a prompt: no token yet, the next chunk follows
-                req.append_host(token)
-                if req.is_finished(self.eos_token_ids) or self.grammars.is_done(req):
+                if self._append_run(req, run):
                     self.decode_manager.remove_req(req)
                     self._release(req, finished=True)
                     finished_reqs.append(req)
-                elif done.batch.is_prefill:  # its prompt is cached now: share it
+                elif done.batch.phase == "prefill":  # its prompt is cached now: share it
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]
         return StepOutput(done.batch.phase, uids, extend_lens, finished_reqs)
+
+    def _append_run(self, req: Req, run: List[int]) -> bool:
+        """Append the request's new tokens until one finishes it (EOS, max_tokens, the
+        grammar's end); the rest of the run is dropped. Whether it finished."""
+        for token in run:
+            req.append_host(token)
+            if req.is_finished(self.eos_token_ids) or self.grammars.is_done(req):
+                return True
+        return False
 
     def _pending(self) -> Pending:
         """The in-flight batch's tokens by request (none without one), read when asked."""
@@ -196,14 +223,18 @@ class Scheduler:
         self.cache_manager.cache_req(req, finished=finished)
         if finished:
             self.grammars.remove(req)
+            if self.speculator is not None:
+                self.speculator.remove(req)
             self.table_manager.free(req.table_idx)
             req.table_idx = -1  # released: an abort that comes later finds nothing to give back
 
 
 def _use_overlap(config: SchedulerConfig, device: torch.device) -> bool:
     """Overlap scheduling: as the config says (None: on a GPU), unless the environment has
-    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, read where upstream reads it, in the scheduler."""
-    if disable_overlap_scheduling():
+    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, read where upstream reads it, in the scheduler, or
+    speculative decoding is on (chapter 24: a step's drafts and positions follow from how many
+    tokens the step before kept, so the host cannot build a step before the last one is done)."""
+    if disable_overlap_scheduling() or config.speculative:
         return False
     if config.overlap_scheduling is None:
         return device.type == "cuda"

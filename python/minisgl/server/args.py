@@ -63,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=d.device, help="cpu, cuda, or auto")
     p.add_argument("--tp-size", "--tensor-parallel-size", dest="tp_size", type=int,
                    default=d.tp_size, help="tensor parallelism: one process (and GPU) per rank")
+    p.add_argument("--speculative", "--speculative-algorithm", dest="speculative",
+                   choices=["ngram", "draft"], default=None,
+                   help="speculative decoding: drafts from the request's own n-grams, or from "
+                   "--draft-model (default: off)")
+    p.add_argument("--speculative-k", "--speculative-num-draft-tokens", dest="speculative_k",
+                   type=int, default=d.speculative_k,
+                   help="draft tokens a request per step (default: %(default)s)")
+    p.add_argument("--draft-model", "--speculative-draft-model-path", dest="draft_model",
+                   default=None, help="with --speculative draft: a smaller model with the "
+                   "same tokenizer")
     p.add_argument("--shell", "--shell-mode", action="store_true",
                    help="an interactive shell, not a server")
     p.add_argument("--shutdown-timeout", type=float, default=d.shutdown_timeout,

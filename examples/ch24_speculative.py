@@ -1,0 +1,151 @@
+"""Chapter 24: speculative decoding. N-gram drafts from a request's own tokens; the run the
+target keeps from them, greedy and sampled; speculative sampling's frequencies beside the
+target's probabilities; then the engine on a tiny model: greedy output with drafts equal to
+the output without, for n-gram drafts and draft models that agree more or less, the target
+forwards each saves, and the pages of refused drafts given back."""
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+import tiny_models
+import torch
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+from minisgl.speculative import accept_greedy, accept_sampled, propose_ngram
+from safetensors.torch import load_file, save_file
+
+torch.set_num_threads(1)
+
+WORDS = "the cat sat on the mat . the dog sat on the".split()
+PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [11, 12, 13, 14, 15, 11, 12, 13], [3, 9, 27, 81]]
+
+
+def show_ngram_drafts() -> None:
+    """The longest suffix seen before, and what followed it then."""
+    ids = {w: i for i, w in enumerate(dict.fromkeys(WORDS))}
+    tokens = [ids[w] for w in WORDS]
+    names = {i: w for w, i in ids.items()}
+    print(f"tokens: {' '.join(WORDS)}")
+    for k in (1, 3, 5):
+        drafts = propose_ngram(tokens, k)
+        print(f"  k={k}: drafts {' '.join(names[t] for t in drafts)!r}")
+    print(f"  nothing repeats: {propose_ngram([1, 2, 3, 4], 3)}")
+
+
+def show_greedy_runs() -> None:
+    """The drafts kept while they equal the target's argmax, then the target's own token."""
+    print("\ngreedy verification (drafts | target argmax at each position -> run kept):")
+    for drafts, target in [([5, 9, 2, 7], [5, 9, 4, 1, 8]), ([5, 9], [5, 9, 3]),
+                           ([4, 4, 4], [6, 4, 4, 4])]:
+        run = accept_greedy(drafts, target)
+        print(f"  {drafts} | {target} -> {run}  ({len(run) - 1} of {len(drafts)} kept)")
+
+
+def show_sampled_frequencies(draws: int = 20000) -> None:
+    """The first token of each run, over many runs: its frequencies are the target's p,
+    whether the drafts are deterministic or drawn from a q unlike p."""
+    p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
+    q = torch.tensor([[0.1, 0.6, 0.2, 0.1]])
+    generator = torch.Generator().manual_seed(0)
+    print(f"\nspeculative sampling, the first token of {draws} runs, target p = "
+          f"{[round(x, 2) for x in p[0].tolist()]}:")
+    for label, draft, draft_probs in [("draft 1, deterministic", 1, None),
+                                      ("draft 3, deterministic", 3, None),
+                                      ("draft drawn from q = [0.1, 0.6, 0.2, 0.1]", None, q)]:
+        counts = [0] * 4
+        kept = 0
+        for _ in range(draws):
+            token = draft if draft is not None else _draw(q[0], generator)
+            run = accept_sampled([token], p, generator, draft_probs)
+            counts[run[0]] += 1
+            kept += len(run) == 2
+        freqs = " ".join(f"{c / draws:.3f}" for c in counts)
+        print(f"  {label}: {freqs}  (kept {kept / draws:.2f})")
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def noisy_copy(path: str, directory: str, scale: float, seed: int = 1) -> str:
+    """The model with Gaussian noise of ``scale`` times each weight's spread added: a draft
+    that agrees with it more, the less noise (random weights have no smaller relative)."""
+    shutil.copytree(path, directory)
+    generator = torch.Generator().manual_seed(seed)
+    for file in Path(directory).glob("*.safetensors"):
+        weights = load_file(file)
+        for name, w in weights.items():
+            noise = torch.randn(w.shape, generator=generator) * w.float().std() * scale
+            weights[name] = (w.float() + noise).to(w.dtype) if w.numel() > 1 else w
+        save_file(weights, file, metadata={"format": "pt"})
+    return directory
+
+
+def run_engine(path: str, **spec: object) -> tuple:
+    llm = LLM(path, device="cpu", page_size=4, num_pages=64, **spec)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24))
+    tokens = [out["token_ids"] for out in outs]
+    return llm, tokens
+
+
+def show_engine(models: Dict[str, str]) -> None:
+    """Greedy on a tiny Llama 3: no drafts; n-gram drafts; draft models that agree with it
+    less and less (noisy copies of it, then a model of unrelated weights); the target as its
+    own draft. The tokens are the same every time; the target's forwards are not."""
+    _, base = run_engine(models["target"])
+    steps = max(len(t) for t in base) - 1  # decode steps of the longest request, after prefill
+    print(f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {steps} decode forwards without"
+          " drafts")
+    runs = [("n-gram", {"speculative": "ngram"})] + [
+        (f"draft {name}", {"speculative": "draft", "draft_model": models[name]})
+        for name in ("target", "noise 0.1", "noise 0.3", "qwen3")]
+    for label, spec in runs:
+        llm, tokens = run_engine(models["target"], speculative_k=4, **spec)
+        stats = llm.scheduler.speculator.stats
+        print(f"  {label:>15}, k=4: same tokens {tokens == base}, {stats.forwards:>2} forwards,"
+              f" kept {stats.accepted:>2} of {stats.proposed:>3} drafts ({stats.acceptance:4.0%}),"
+              f" {stats.tokens_per_step:.2f} tokens a step")
+    print(f"  first prompt's tokens: {base[0]}")
+
+
+def show_pages_given_back(models: Dict[str, str]) -> None:
+    """One request with k=6 drafts from the noisier copy: at each step the pages its refused
+    drafts took go back; at the end every page is free or cached."""
+    llm = LLM(models["target"], device="cpu", page_size=4, num_pages=64, speculative="draft",
+              draft_model=models["noise 0.3"], speculative_k=6)
+    cache = llm.scheduler.cache_manager
+    freed: List[int] = []
+    free_tail = cache.free_tail
+
+    def counted(req, held_len):  # the pages each step gives back
+        before = cache.num_free_pages
+        free_tail(req, held_len)
+        freed.append(cache.num_free_pages - before)
+
+    cache.free_tail = counted
+    llm.generate([PROMPTS[0]], SamplingParams(max_tokens=24))
+    stats = llm.scheduler.speculator.stats
+    print(f"\npages given back at each step (page_size 4, k=6, the noise 0.3 draft): {freed}")
+    print(f"  {stats.forwards} steps kept {stats.accepted} of {stats.proposed} drafts")
+    free, cached = cache.num_free_pages, cache.prefix_cache.size_info.total_size // 4
+    print(f"  idle: {free} free + {cached} cached = {free + cached} of {cache.num_pages} pages")
+
+
+def main() -> None:
+    show_ngram_drafts()
+    show_greedy_runs()
+    show_sampled_frequencies()
+    with tempfile.TemporaryDirectory() as tmp:
+        target = str(tiny_models.make_tiny_model("llama3", f"{tmp}/llama3"))
+        models = {"target": target,
+                  "qwen3": str(tiny_models.make_tiny_model("qwen3", f"{tmp}/qwen3")),
+                  "noise 0.1": noisy_copy(target, f"{tmp}/noise_0.1", 0.1),
+                  "noise 0.3": noisy_copy(target, f"{tmp}/noise_0.3", 0.3)}
+        show_engine(models)
+        show_pages_given_back(models)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The scheduler's speculative decode step (chapter 24): k drafts a request, run with its last
+token as one extend of k + 1 tokens, and the longest run the target agrees with kept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, List, Sequence, Tuple
+
+import torch
+
+from minisgl.core import Batch, Req
+from minisgl.engine.engine import Engine
+from minisgl.engine.sample import BatchSamplingArgs, row_seed, top_k_top_p_filter
+from minisgl.speculative import DraftModel, NgramDrafter, accept_greedy, accept_sampled
+
+from .cache import CacheManager
+from .config import SchedulerConfig
+
+Mask = Callable[[torch.Tensor], None]  # structured output's mask (chapter 23), by batch row
+
+
+@dataclass
+class SpeculativeStats:
+    """What speculation has done so far: target forwards, request-steps, drafts proposed
+    and kept."""
+
+    forwards: int = 0  # verify forwards of the target, one a step
+    steps: int = 0  # one per request per step
+    proposed: int = 0
+    accepted: int = 0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens a request got per step: its accepted drafts and the target's own token."""
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
+class Speculator:
+    """Runs a decode batch speculatively. Each request proposes up to k drafts (fewer near
+    max_tokens; none under a grammar, whose matcher cannot look ahead here), all requests'
+    tokens run as one extend over the paged KV, and each keeps the drafts the target agrees
+    with, then one token of the target's own. The K and V of refused drafts are in pages the
+    request then gives back; its cached_len ends after the last token kept."""
+
+    def __init__(self, config: SchedulerConfig, engine: Engine, cache_manager: CacheManager):
+        self.k, self.engine, self.cache_manager = config.speculative_k, engine, cache_manager
+        self.drafter: NgramDrafter | DraftModel = (
+            NgramDrafter() if config.speculative == "ngram" else DraftModel(
+                str(config.draft_model), config, engine.model_config.vocab_size,
+                engine.max_seq_len))
+        self._generator = torch.Generator().manual_seed(config.seed)  # unseeded requests' draws
+        self.stats = SpeculativeStats()
+
+    @torch.inference_mode()  # the verify logits are inference tensors, edited by the mask
+    def decode(self, batch: Batch, constrained: Sequence[bool],
+               mask: Mask | None) -> Tuple[List[List[int]], List[int]]:
+        """One step of ``batch``: each request's run of new tokens (1 to k + 1), which the host
+        appends as if they had been sampled one per step, and the tokens each ran. ``mask``
+        edits the logits rows of the constrained requests, which draft nothing."""
+        reqs = batch.reqs
+        ks = [0 if c else self._k_for(r) for r, c in zip(reqs, constrained)]
+        drafts = self.drafter.propose(reqs, ks)
+        start_lens = [r.device_len for r in reqs]
+        for req, draft in zip(reqs, drafts):  # run as if sampled, so the forward reads them
+            req.output_ids.extend(draft)
+            req.device_len += len(draft)
+        self.cache_manager.allocate(reqs)
+        logits = self.engine.verify_logits(Batch(reqs, "verify"))  # [sum(len(d) + 1), V]
+        for req, draft in zip(reqs, drafts):
+            del req.output_ids[len(req.output_ids) - len(draft):]
+        ends = torch.tensor([len(d) + 1 for d in drafts]).cumsum(0)
+        if mask is not None:  # a constrained request's one row is its last
+            last = logits[ends - 1]
+            mask(last)
+            logits[ends - 1] = last
+        runs = self._verify(reqs, drafts, logits, ends.tolist())
+        self.stats.forwards += 1
+        for req, run, start, draft in zip(reqs, runs, start_lens, drafts):
+            self._keep(req, run, start)
+            self.stats.steps += 1
+            self.stats.proposed += len(draft)
+            self.stats.accepted += len(run) - 1
+        return runs, [len(d) + 1 for d in drafts]
+
+    def remove(self, req: Req) -> None:
+        self.drafter.remove(req)
+
+    def check_integrity(self) -> None:
+        self.drafter.check_integrity()
+
+    def _k_for(self, req: Req) -> int:
+        """k, less what max_tokens leaves: the run's last token is the target's own, so k + 1
+        new tokens at most, and no position past the pages reserved for the request."""
+        left = req.sampling_params.max_tokens - req.num_sampled
+        return max(min(self.k, left - 1), 0)
+
+    def _verify(self, reqs: Sequence[Req], drafts: Sequence[List[int]], logits: torch.Tensor,
+                ends: Sequence[int]) -> List[List[int]]:
+        """Each request's run: by the target's argmax (greedy), else by speculative
+        sampling from the target's probabilities after temperature, top-k and top-p."""
+        argmax = logits.argmax(dim=-1).tolist()
+        args = BatchSamplingArgs.from_params(
+            [r.sampling_params for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)],
+            logits.device)
+        runs = []
+        for req, draft, end in zip(reqs, drafts, ends):
+            rows = slice(end - len(draft) - 1, end)
+            if req.sampling_params.is_greedy:
+                runs.append(accept_greedy(draft, argmax[rows]))
+                continue
+            probs = torch.softmax(logits[rows] / args.temperatures[rows, None], dim=-1)
+            if args.any_filter:
+                probs = top_k_top_p_filter(probs, args.top_k[rows], args.top_p[rows])
+            runs.append(accept_sampled(draft, probs.cpu(), self._generator_for(req)))
+        return runs
+
+    def _generator_for(self, req: Req) -> torch.Generator:
+        """A seeded request's own draws (chapter 4's rule: its seed and its step); else the
+        speculator's."""
+        seed = row_seed(req.sampling_params.seed, req.num_sampled)
+        return self._generator if seed is None else torch.Generator().manual_seed(seed)
+
+    def _keep(self, req: Req, run: List[int], start_len: int) -> None:
+        """The request keeps ``run``: its K and V are valid through the last draft kept, the
+        pages past that go back, and the run counts as sampled (the host appends it)."""
+        held = req.cached_len  # the forward cached every draft
+        req.cached_len = start_len - 1 + len(run)  # its last token and the drafts kept
+        req.device_len = req.cached_len + 1
+        self.cache_manager.free_tail(req, held)
+        self.drafter.accepted(req, req.cached_len)
