@@ -419,3 +419,47 @@ def test_greedy_acceptance_keeps_the_agreeing_drafts_and_the_targets_next():
     assert accept_greedy([4, 5, 6], [4, 5, 6, 1]) == [4, 5, 6, 1]  # all, and the bonus
     assert accept_greedy([4], [3, 8]) == [3]
     assert accept_greedy([], [7]) == [7]
+
+
+on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@on_cuda
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_greedy_tokens_with_drafts_equal_without_on_cuda(tiny_models, method):
+    """On a GPU in float32 (the Triton extend kernel verifies the drafts; the baseline decodes
+    with CUDA graphs and overlap): the same tokens, and every page back."""
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    path = str(tiny_models["llama3"])
+    options = {"device": "cuda", "dtype": torch.float32, "page_size": 4, "num_pages": 256}
+    base = LLM(path, **options)
+    want = [o["token_ids"] for o in base.generate(PROMPTS, SamplingParams(max_tokens=N))]
+    base.shutdown()
+    extra = {"draft_model": path} if method == "draft" else {}
+    llm = LLM(path, speculative=method, speculative_k=4, **options, **extra)
+    got = [o["token_ids"] for o in llm.generate(PROMPTS, SamplingParams(max_tokens=N))]
+    assert got == want
+    assert llm.scheduler.speculator.stats.accepted > 0
+    assert_pages_all_back(llm.scheduler)
+    llm.shutdown()
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_padded_verify_batches_give_the_same_tokens(tiny_models, method):
+    """With decode batches padded for CUDA graphs (here on a CPU, where nothing is captured),
+    verify batches are padded too: every request's drafts made k long, dummy requests up to
+    the captured size. The tokens are greedy's, and the padded path really ran."""
+    path = tiny_models["llama3"]
+    want = _tokens(_llm(path))
+    extra = {"draft_model": str(path)} if method == "draft" else {}
+    llm = _llm(path, cuda_graph_max_bs=8, speculative=method, speculative_k=3, **extra)
+    runner = llm.scheduler.engine.verify_runner
+    assert runner is not None and runner.width == 4
+    padded: List[int] = []
+    pad = runner.pad
+    runner.pad = lambda batch: padded.append(batch.size) or pad(batch)  # type: ignore
+    assert _tokens(llm) == want
+    assert padded and all(size < 8 for size in padded)
+    assert_pages_all_back(llm.scheduler)

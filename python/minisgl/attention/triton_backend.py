@@ -43,9 +43,14 @@ class TritonAttnBackend(BaseAttnBackend):
         self._graph_lens: torch.Tensor | None = None  # [5, max_bs] once graphs are captured
 
     def init_graph_buffers(self, max_bs: int) -> None:
-        """Decode metadata lives in one buffer from now on: a graph reads it where the capture
-        found it, so each step writes its values there."""
-        self._graph_lens = torch.zeros(5, _aligned(max_bs), dtype=torch.int32, device=self.device)
+        """Decode (and verify, chapter 24) metadata lives in one buffer from now on: a graph
+        reads it where the capture found it, so each step writes its values there. A second
+        set of graphs no larger than the first shares the buffer: a new one would leave the
+        graphs already captured reading the old."""
+        if self._graph_lens is None or self._graph_lens.shape[1] < _aligned(max_bs):
+            assert self._graph_lens is None, "graphs already read the smaller buffer"
+            self._graph_lens = torch.zeros(5, _aligned(max_bs), dtype=torch.int32,
+                                           device=self.device)
 
     def prepare_metadata(self, batch: Batch) -> None:
         """One host-to-device copy of the batch's lengths, made from the requests' own counts,
@@ -64,7 +69,8 @@ class TritonAttnBackend(BaseAttnBackend):
         host = torch.tensor([x + pad for x in (rows, cached, extend, seq, starts)],
                             dtype=torch.int32, pin_memory=self.device.type == "cuda")
         is_decode = not batch.is_prefill and max(extend) == 1
-        if is_decode and self._graph_lens is not None and batch.size <= self._graph_lens.shape[1]:
+        graphed = is_decode or batch.phase == "verify"  # the batches CUDA graphs may replay
+        if graphed and self._graph_lens is not None and batch.size <= self._graph_lens.shape[1]:
             lens = self._graph_lens[:, : host.shape[1]]
             lens.copy_(host, non_blocking=True)
         else:

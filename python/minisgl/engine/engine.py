@@ -75,6 +75,7 @@ class Engine:
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
         self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
                                         self._graph_max_bs(), self.device)
+        self.verify_runner: GraphRunner | None = None  # speculative decoding's (chapter 24)
         if self.graph_runner.max_bs and self.device.type == "cuda":
             with use_global_ctx(self.ctx), torch.inference_mode():
                 self.graph_runner.capture(self.prepare_batch)
@@ -190,17 +191,44 @@ class Engine:
             self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
             return tokens
 
+    def capture_verify_graphs(self, width: int, max_bs: int = 64) -> None:
+        """CUDA graphs for verify batches of ``width`` tokens a request, up to ``max_bs``
+        requests and no more than the decode graphs hold (they share the attention metadata's
+        buffer). None where decode has none, or with a hybrid backend, whose extend half may
+        not be capturable. On a CPU with decode batches padded, verify batches are padded too
+        and nothing is captured, as for decode."""
+        if not self.graph_runner.max_bs or self.config.attention_backend not in ("auto", "triton"):
+            return
+        if self.device.type == "cuda" and not self.graph_runner.graphs:
+            return
+        dummy = Req(-1, [0] * width, SamplingParams(max_tokens=1),
+                    table_idx=self.config.max_running_req)
+        self.verify_runner = GraphRunner(self.model, self.attn_backend, dummy,
+                                         min(max_bs, self.graph_runner.max_bs), self.device,
+                                         width)
+        if self.device.type == "cuda":
+            with use_global_ctx(self.ctx), torch.inference_mode():
+                self.verify_runner.capture(self.prepare_batch)
+
     @torch.inference_mode()
     def verify_logits(self, batch: Batch) -> torch.Tensor:
         """The logits at every position of a batch of drafts to verify (chapter 24): [T, V]
-        float32, no token sampled. Afterwards every request counts all its tokens as cached."""
+        float32, no token sampled; from a CUDA graph when every request brings the width the
+        graphs were captured for. Afterwards every request counts all its tokens as cached."""
         assert batch.phase == "verify"
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(batch):
+        runner = self.verify_runner
+        graph = runner is not None and runner.can_run(batch)
+        run = runner.pad(batch) if graph and runner is not None else batch
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):
             with self.timer.phase("prepare"):
-                self.prepare_batch(batch)
-            assert batch.input_ids is not None and batch.positions is not None
+                self.prepare_batch(run)
+            assert run.input_ids is not None and run.positions is not None
             with self.timer.phase("forward verify"):
-                logits = self.model.forward(batch.input_ids, batch.positions)
+                if graph and runner is not None:
+                    tokens = sum(r.extend_len for r in batch.reqs)
+                    logits = runner.forward(run)[:tokens]  # padded requests' rows dropped
+                else:
+                    logits = self.model.forward(run.input_ids, run.positions)
         for req in batch.reqs:
             req.complete_forward()
         return logits.float()

@@ -14,6 +14,9 @@ request's KV slots, so they cannot change its output.
 
 On a CPU nothing is captured, but a batch is padded the same way (when a maximum is given), so
 the bucket choice and the padding can be seen and tested anywhere.
+
+Speculative decoding (chapter 24) captures a second set: verify batches in which every request
+brings the same number of tokens, its last one and its k drafts.
 """
 
 from __future__ import annotations
@@ -42,13 +45,17 @@ def padded_size(sizes: List[int], batch_size: int) -> int | None:
 
 class GraphRunner:
     """Pads decode batches up to a captured size and runs them: by replaying the size's CUDA
-    graph when the graphs were captured, else by an ordinary forward of the padded batch."""
+    graph when the graphs were captured, else by an ordinary forward of the padded batch.
+
+    With ``width`` > 1 its batches are verify batches of ``width`` tokens a request (chapter
+    24), and its dummy request brings that many."""
 
     def __init__(self, model: BaseLLMModel, attn_backend: BaseAttnBackend, dummy_req: Req,
-                 max_bs: int, device: torch.device):
+                 max_bs: int, device: torch.device, width: int = 1):
         self.model, self.attn_backend, self.dummy_req = model, attn_backend, dummy_req
         self.sizes = graph_batch_sizes(max_bs)
-        self.device = device
+        self.device, self.width = device, width
+        self.phase = "decode" if width == 1 else "verify"
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
 
     @property
@@ -56,7 +63,9 @@ class GraphRunner:
         return self.sizes[-1] if self.sizes else 0
 
     def can_run(self, batch: Batch) -> bool:
-        return not batch.is_prefill and batch.size <= self.max_bs
+        if batch.phase != self.phase or batch.size > self.max_bs:
+            return False
+        return self.width == 1 or all(r.extend_len == self.width for r in batch.reqs)
 
     def pad(self, batch: Batch) -> Batch:
         """The batch with dummy requests appended up to its captured size."""
@@ -70,16 +79,16 @@ class GraphRunner:
         ``prepare_batch`` is the engine's: it fills a batch's input tensors and attention
         metadata. The buffers it fills for the largest batch are the ones every graph reads.
         """
-        max_bs = self.max_bs
+        max_bs, tokens = self.max_bs, self.max_bs * self.width
         self.attn_backend.init_graph_buffers(max_bs)
         vocab = self.model.config.vocab_size
-        self.input_ids = torch.zeros(max_bs, dtype=torch.long, device=self.device)
-        self.positions = torch.zeros(max_bs, dtype=torch.long, device=self.device)
-        self.out_loc = torch.zeros(max_bs, dtype=torch.long, device=self.device)
-        self.logits = torch.empty(max_bs, vocab, dtype=torch.float32, device=self.device)
+        self.input_ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        self.positions = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        self.out_loc = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        self.logits = torch.empty(tokens, vocab, dtype=torch.float32, device=self.device)
         pool = None
         for bs in reversed(self.sizes):
-            batch = Batch([self.dummy_req] * bs, "decode")
+            batch = Batch([self.dummy_req] * bs, self.phase)
             prepare_batch(batch)
             self._use_buffers(batch)
             graph = torch.cuda.CUDAGraph()
@@ -93,32 +102,33 @@ class GraphRunner:
         logger.info("captured CUDA graphs for batch sizes %s", self.sizes)
 
     def forward(self, batch: Batch) -> torch.Tensor:
-        """Logits [B, V] of a padded, prepared batch: the graph's replay, or a forward."""
+        """Logits [B * width, V] of a padded, prepared batch: the graph's replay, or a
+        forward."""
         if not self.graphs:
             assert batch.input_ids is not None and batch.positions is not None
             return self.model.forward(batch.input_ids, batch.positions)
         self._copy_inputs(batch)
         self.graphs[batch.size].replay()
-        return self.logits[: batch.size]
+        return self.logits[: batch.size * self.width]
 
     def _forward(self, batch: Batch) -> None:
-        bs = batch.size
-        self.logits[:bs] = self.model.forward(self.input_ids[:bs], self.positions[:bs])
+        t = batch.size * self.width
+        self.logits[:t] = self.model.forward(self.input_ids[:t], self.positions[:t])
 
     def _use_buffers(self, batch: Batch) -> None:
         """Point the batch at the graph's input buffers, holding its values."""
         self._copy_inputs(batch)
-        bs = batch.size
-        batch.input_ids, batch.positions = self.input_ids[:bs], self.positions[:bs]
-        batch.out_loc = self.out_loc[:bs]
+        t = batch.size * self.width
+        batch.input_ids, batch.positions = self.input_ids[:t], self.positions[:t]
+        batch.out_loc = self.out_loc[:t]
 
     def _copy_inputs(self, batch: Batch) -> None:
         assert batch.input_ids is not None and batch.positions is not None
         assert batch.out_loc is not None
-        bs = batch.size
-        self.input_ids[:bs].copy_(batch.input_ids)
-        self.positions[:bs].copy_(batch.positions)
-        self.out_loc[:bs].copy_(batch.out_loc)
+        t = batch.size * self.width
+        self.input_ids[:t].copy_(batch.input_ids)
+        self.positions[:t].copy_(batch.positions)
+        self.out_loc[:t].copy_(batch.out_loc)
 
     def destroy(self) -> None:
         self.graphs.clear()

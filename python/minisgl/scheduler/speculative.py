@@ -54,6 +54,7 @@ class Speculator:
                 engine.max_seq_len))
         self._generator = torch.Generator().manual_seed(config.seed)  # unseeded requests' draws
         self.stats = SpeculativeStats()
+        engine.capture_verify_graphs(self.k + 1)  # on a GPU: verify steps replay a graph
 
     @torch.inference_mode()  # the verify logits are inference tensors, edited by the mask
     def decode(self, batch: Batch, constrained: Sequence[bool],
@@ -64,6 +65,8 @@ class Speculator:
         reqs = batch.reqs
         ks = [0 if c else self._k_for(r) for r, c in zip(reqs, constrained)]
         drafts = self.drafter.propose(reqs, ks)
+        if self.engine.verify_runner is not None:  # a graph needs k drafts a request
+            drafts = [_padded(r, d, k) for r, d, k in zip(reqs, drafts, ks)]
         start_lens = [r.device_len for r in reqs]
         for req, draft in zip(reqs, drafts):  # run as if sampled, so the forward reads them
             req.output_ids.extend(draft)
@@ -132,3 +135,11 @@ class Speculator:
         req.device_len = req.cached_len + 1
         self.cache_manager.free_tail(req, held)
         self.drafter.accepted(req, req.cached_len)
+
+
+def _padded(req: Req, draft: List[int], k: int) -> List[int]:
+    """The draft made k tokens long by repeating its last token (the request's, if it has
+    none): a draft is only ever a guess, so any token will do, and repetition is a common one.
+    The verify step then replays a CUDA graph instead of launching its kernels one by one."""
+    last = draft[-1] if draft else req.all_ids[-1]
+    return draft + [last] * (k - len(draft))
