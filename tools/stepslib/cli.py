@@ -60,6 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("dest", type=Path)
     out.add_argument("--git", action="store_true", help="one commit per chapter, tagged chNN")
     out.add_argument("--force", action="store_true", help="empty a non-empty DEST first")
+    imp = commands.add_parser("import", help="write an edited `checkout --git` history back "
+                              "into the book")
+    imp.add_argument("source", type=Path, metavar="DIR", help="the history's repository")
+    imp.add_argument("--rev", default="HEAD", help="the last chapter's commit (default: HEAD)")
+    imp.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
+    imp.add_argument("--force", action="store_true",
+                     help="overwrite files of the book that have uncommitted changes")
     one = commands.add_parser("diff", help="unified diff of the tree from chapter N-1 to N")
     one.add_argument("chapter")
     run = commands.add_parser("run", help="run a chapter's main in its tree")
@@ -131,6 +138,21 @@ def cmd_checkout(book: Book, args: argparse.Namespace) -> int:
           + (f" (git: a commit per chapter, tagged {book.chapters[0].id}..{chapter.id})"
              if args.git else ""))
     print(f"run its main: cd {dest} && PYTHONPATH=python python {chapter.main}")
+    return 0
+
+
+def cmd_import(book: Book, args: argparse.Namespace) -> int:
+    from .gitin import import_git
+
+    changes = import_git(book, args.source.resolve(), args.rev, args.force, args.dry_run)
+    for line in changes:
+        print(line)
+    if not changes:
+        print("nothing to change: the history is the book")
+    elif args.dry_run:
+        print(f"{len(changes)} changes (dry run: nothing written)")
+    else:
+        print(f"{len(changes)} changes written; every chapter's tree is its commit again")
     return 0
 
 
@@ -335,6 +357,7 @@ def cmd_render(book: Book, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"list": cmd_list, "tree": cmd_tree, "checkout": cmd_checkout, "diff": cmd_diff,
+COMMANDS = {"list": cmd_list, "tree": cmd_tree, "checkout": cmd_checkout, "import": cmd_import,
+            "diff": cmd_diff,
             "run": cmd_run, "check": cmd_check, "record": cmd_record, "matrix": cmd_matrix,
             "render": cmd_render}
