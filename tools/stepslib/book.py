@@ -67,6 +67,7 @@ class Book:
     support: tuple[str, ...]  # book-wide files outside the package, in every tree
     chapters: list[Chapter]
     preload: tuple[str, ...] = ()  # modules a warm Python imports once for every main and test
+    layers: tuple[tuple[str, ...], ...] = ()  # the package's layers, bottom first (imports.py)
     history: dict[str, list[Write]] = field(default_factory=dict)  # path -> versions, in order
     added_in: dict[str, Chapter] = field(default_factory=dict)  # path -> chapter that adds it
     early_in: dict[str, Chapter] = field(default_factory=dict)  # path -> chapter bringing it early
@@ -123,6 +124,7 @@ def load_book(root: Path) -> Book:
         support=tuple(_field(top, "support", list, default=[])),
         chapters=[],
         preload=_strings(top, "preload"),
+        layers=_layers(top),
     )
     for stage in _field(top, "stages", list):
         stage = _expect(stage, _Map, "a stage", top.line)
@@ -131,6 +133,22 @@ def load_book(root: Path) -> Book:
             book.chapters.append(_chapter(_expect(entry, _Map, "a chapter", stage.line), title))
     _validate(book)
     return book
+
+
+def _layers(top: _Map) -> tuple[tuple[str, ...], ...]:
+    """`layers`: a list whose entries are a part's name or a list of names, bottom first."""
+    layers = []
+    for entry in _field(top, "layers", list, default=[]):
+        layer = tuple(entry) if isinstance(entry, list) else (entry,)
+        if not layer or not all(isinstance(name, str) and name for name in layer):
+            raise BookError("each entry of 'layers' is a name or a list of names", _at(top,
+                                                                                      "layers"))
+        layers.append(layer)
+    names = [name for layer in layers for name in layer]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise BookError(f"'layers' names {', '.join(twice)} twice", _at(top, "layers"))
+    return tuple(layers)
 
 
 def _chapter(entry: _Map, stage: str) -> Chapter:

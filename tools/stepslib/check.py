@@ -2,7 +2,8 @@
 
 The steps of a chapter:
   1. steps.yaml is consistent (done when the book is loaded; a problem there is bad input);
-  2. the package is closed: every `minisgl` import names a module and a name of the tree;
+  2. the package is closed: every `minisgl` import names a module and a name of the tree, and
+     imports run down steps.yaml's `layers` only (`if TYPE_CHECKING:` aside);
   3. the main's prints equal the recorded ones;
   4. the chapter's tests pass on its tree (with `cumulative`, every test up to it);
   5. every directive of the chapter's text resolves;
@@ -37,7 +38,7 @@ from typing import Any, Iterator, TextIO
 
 from . import runner
 from .book import Book, Chapter
-from .imports import Closure, Forward, Problem, module_name
+from .imports import Closure, Forward, Layers, Problem, module_name
 from .render import PRINTS, TEXT, text_problems
 from .tree import package_files, tree_at, write_tree
 from .warm import WarmPython
@@ -123,6 +124,9 @@ def _check_closure(book: Book, chapter: Chapter, result: Result) -> None:
         found, forwards = closure.check(source, module, chapter.number)
         problems += found
         result.forwards += forwards
+    if book.layers:
+        layers = Layers(book.layers, shown)
+        problems += [p for source, module in targets for p in layers.check(source, module)]
     result.steps["imports"] = "ok" if not problems else f"{len(problems)} broken"
     if problems:
         result.fail("imports", result.steps["imports"], "\n".join(map(str, problems)))

@@ -1,8 +1,11 @@
-"""The closure check: every import of the package names a module and a name in the tree.
+"""The import checks: the closure (every import of the package names a module and a name in the
+tree) and the layers (a module imports at run time only from its own part of the package and the
+layers below it).
 
 Imports are read with `ast`, at the top level and inside functions alike. An import whose line
 ends `# forward reference: chNN` is allowed while the tree is older than chapter NN (the
-chapter that brings the module); `check` lists it.
+chapter that brings the module); `check` lists it. An import under `if TYPE_CHECKING:` never runs,
+so the layers allow it in any direction.
 """
 
 from __future__ import annotations
@@ -82,6 +85,76 @@ class Closure:
         if name in found.names or found.open:
             return ""
         return f"`{_spelled(module, name)}`: {module} has no name {name!r} in this tree"
+
+
+class Layers:
+    """steps.yaml's `layers`, bottom first. A part of the package is a subpackage (`engine`) or a
+    module at its root (`core`); parts of one layer may not import each other."""
+
+    def __init__(self, order: tuple[tuple[str, ...], ...], shown: dict[Path, str]):
+        self.rank = {part: i for i, layer in enumerate(order) for part in layer}
+        self.order = order
+        self.shown = shown
+        self.top = ""  # the package's name, from the first module checked
+
+    def check(self, source: Path, module: str) -> list[Problem]:
+        """The runtime imports of one package module that run up (or across) the layers."""
+        tree = _parse(source, source.stat().st_mtime_ns)
+        if isinstance(tree, Problem):
+            return []  # the closure check reports it
+        top, _, rest = module.partition(".")
+        self.top = top
+        here = rest.split(".")[0]
+        if not here:
+            return []  # the package's own __init__
+        if here not in self.rank:
+            return [Problem(f"{self.shown[source]}:1", f"{top}.{here} is in no layer of "
+                            "steps.yaml's `layers`: add it where what it imports is below it")]
+        problems = []
+        for node in _runtime_imports(tree):
+            pairs = _imports(node, module, source.name == "__init__.py")
+            upward = sorted({self._part(target) for target, _ in pairs} - {here, None},
+                            key=lambda part: self.rank.get(part, -1))
+            upward = [part for part in upward if part in self.rank
+                      and self.rank[part] >= self.rank[here]]
+            if upward:
+                names = [name for target, name in pairs if self._part(target) == upward[-1]]
+                spelled = _spelled(pairs[0][0], ", ".join(n for n in names if n) or None)
+                how = "beside" if self.rank[upward[-1]] == self.rank[here] else "above"
+                problems.append(Problem(
+                    f"{self.shown[source]}:{node.lineno}",
+                    f"`{spelled}`: {here} imports {upward[-1]}, which is {how} it in "
+                    "steps.yaml's layers; import it under `if TYPE_CHECKING:` if only "
+                    "annotations use it, or move what it needs down"))
+        return problems
+
+    def _part(self, target: str) -> str | None:
+        """`minisgl.engine.sample` -> `engine`; None outside the package or for the package."""
+        package, _, inside = target.partition(".")
+        return inside.split(".")[0] or None if package == self.top else None
+
+
+def _runtime_imports(tree: ast.Module) -> list[ast.stmt]:
+    """Every import statement except those under `if TYPE_CHECKING:`."""
+    found: list[ast.stmt] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            found.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 def module_name(path: str) -> str:

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from minisgl.models.config import ModelConfig
 from minisgl.utils.arch import is_arch_supported
 from minisgl.utils.registry import Registry
 
@@ -15,7 +14,10 @@ from .base import BaseAttnBackend
 from .hybrid import HybridAttnBackend
 from .torch_backend import TorchAttnBackend
 
-BackendMaker = Callable[[ModelConfig, torch.device], BaseAttnBackend]
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
+
+BackendMaker = Callable[["ModelConfig", torch.device], BaseAttnBackend]
 ATTENTION_BACKENDS: Registry[BackendMaker] = Registry("attention backend")
 ATTENTION_BACKENDS.register("torch", TorchAttnBackend)
 

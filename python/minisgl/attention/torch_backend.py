@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import TYPE_CHECKING, List
 
 import torch
 
 from minisgl.core import Batch, get_global_ctx
-from minisgl.models.config import ModelConfig
 
 from .base import BaseAttnBackend
 from .utils import attend
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
 
 
 @dataclass

@@ -3,16 +3,18 @@ adds "triton" for GPUs."""
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
-from minisgl.models.config import ModelConfig
 from minisgl.utils.registry import Registry
 
 from .base import BaseAttnBackend
 from .torch_backend import TorchAttnBackend
 
-BackendMaker = Callable[[ModelConfig, torch.device], BaseAttnBackend]
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
+
+BackendMaker = Callable[["ModelConfig", torch.device], BaseAttnBackend]
 ATTENTION_BACKENDS: Registry[BackendMaker] = Registry("attention backend")
 ATTENTION_BACKENDS.register("torch", TorchAttnBackend)
 

@@ -3,12 +3,16 @@ prefix caches that let requests share them)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from minisgl.models.config import ModelConfig
 from minisgl.utils.misc import div_even, get_tp_info
 
 from .base import BaseKVCachePool
 from .mha_pool import MHAKVCachePool
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
 
 
 def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,

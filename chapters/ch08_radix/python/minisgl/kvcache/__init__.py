@@ -3,14 +3,18 @@ prefix caches that let requests share them)."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from minisgl.models.config import ModelConfig
 from minisgl.utils.misc import div_even, get_tp_info
 
 from .base import BaseCacheHandle, BaseKVCachePool, BasePrefixCache
 from .mha_pool import MHAKVCachePool
 from .naive_cache import NaivePrefixCache
 from .radix_cache import RadixPrefixCache
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
 
 
 def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import TYPE_CHECKING
 
 import torch
 from minisgl.core import Batch, get_global_ctx
 from minisgl.kernel import decode_attention, extend_attention, store_kv
-from minisgl.models.config import ModelConfig
 
 from .base import BaseAttnBackend
+
+if TYPE_CHECKING:
+    from minisgl.models.config import ModelConfig
 
 
 @dataclass
