@@ -30,9 +30,10 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.engine.fused_sampler import FusedSampler  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs, Sampler  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
-from minisgl.kernel.fused_sample import FusedSampler, race_sample  # noqa: E402
+from minisgl.kernel.fused_sample import race_sample  # noqa: E402
 from minisgl.layers.norm import RMSNormFused  # noqa: E402
 from minisgl.layers.norm import rms_norm as torch_rms_norm  # noqa: E402
 

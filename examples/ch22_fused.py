@@ -15,10 +15,11 @@ import collections  # noqa: E402
 import torch  # noqa: E402
 from minisgl.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
+from minisgl.engine.fused_sampler import FusedSampler  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm  # noqa: E402
 from minisgl.kernel.fused_rope import qk_norm_rope  # noqa: E402
-from minisgl.kernel.fused_sample import FusedSampler, race_sample  # noqa: E402
+from minisgl.kernel.fused_sample import race_sample  # noqa: E402
 from minisgl.kvcache import create_prefix_cache  # noqa: E402
 from minisgl.layers.norm import add_then_rms_norm, rms_norm  # noqa: E402
 from minisgl.layers.rotary import RotaryEmbedding  # noqa: E402

@@ -21,12 +21,12 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from helpers import greedy, hf_greedy  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
+from minisgl.engine.fused_sampler import FusedSampler  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
 from minisgl.kernel.fused_norm import add_rms_norm, rms_norm  # noqa: E402
 from minisgl.kernel.fused_rope import qk_norm_rope  # noqa: E402
 from minisgl.kernel.fused_sample import (  # noqa: E402
     BLOCK_V,
-    FusedSampler,
     _unit_float,
     race_sample,
 )

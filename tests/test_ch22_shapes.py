@@ -146,7 +146,7 @@ def test_every_head_shape_gives_transformers_greedy_tokens(shape_models, head_di
     Cost: 16 ``LLM`` constructions (each compiles the attention kernels for its shape and
     captures 4 graphs) and 16 small transformers models on the CPU; about 5 s a shape."""
     from minisgl.attention.triton_backend import TritonAttnBackend
-    from minisgl.kernel.fused_sample import FusedSampler
+    from minisgl.engine.fused_sampler import FusedSampler
 
     def on_the_default_path(engine: Any) -> None:
         assert isinstance(engine.attn_backend, TritonAttnBackend)

@@ -294,7 +294,7 @@ def test_a_run_that_holds_eos_ends_there(tiny_models, monkeypatch):
     tokens are dropped, and the text leaves it out. The target is its own draft, so its runs
     are long, and an n-gram would only propose a token seen before."""
     from minisgl.core import SamplingParams
-    from minisgl.scheduler.speculative import Speculator
+    from minisgl.scheduler.speculator import Speculator
 
     path = tiny_models["llama3"]
     runs: List[List[int]] = []

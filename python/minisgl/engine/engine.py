@@ -276,7 +276,7 @@ def make_sampler(device: torch.device, seed: int) -> Sampler:
     """On a GPU, chapter 22's sampler (the exponential race in Triton); elsewhere, or with
     ``MINISGL_DISABLE_FUSED_KERNELS=1``, chapter 4's torch one."""
     if device.type == "cuda" and not disable_fused_kernels():
-        from minisgl.kernel.fused_sample import FusedSampler  # imports Triton
+        from minisgl.engine.fused_sampler import FusedSampler  # imports Triton
 
         return FusedSampler(device, seed=seed)
     return Sampler(device, seed=seed)

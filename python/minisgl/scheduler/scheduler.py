@@ -16,10 +16,10 @@ from minisgl.utils.hf import read_generation_config, read_hf_config
 
 from .cache import CacheManager
 from .config import SchedulerConfig
+from .constraints import GrammarManager, Pending, pending_tokens
 from .decode import DecodeManager
-from .grammar import GrammarManager, Pending, pending_tokens
 from .prefill import PrefillManager
-from .speculative import Speculator
+from .speculator import Speculator
 from .table import TableManager
 from .utils import StepOutput, check_request
 

@@ -3,14 +3,14 @@ each request, in an engine of its own (its weights, its KV pool, no prefix cache
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Dict, List, Sequence
+from typing import TYPE_CHECKING, Dict, List, Sequence
 
-from minisgl.core import Batch, Req, SamplingParams, get_global_ctx, use_global_ctx
-from minisgl.engine.config import EngineConfig
-from minisgl.engine.engine import Engine
-from minisgl.kvcache import create_prefix_cache
+from minisgl.core import Batch, Req, SamplingParams
 from minisgl.utils.misc import div_ceil
+
+if TYPE_CHECKING:
+    from minisgl.engine.engine import Engine
+    from minisgl.scheduler.cache import CacheManager
 
 
 class DraftModel:
@@ -19,25 +19,16 @@ class DraftModel:
     the mirror up on the tokens it has not run (the whole prompt at first; then the tokens
     the target accepted), then decodes until it has its k drafts."""
 
-    def __init__(self, draft_path: str, target: EngineConfig, target_vocab: int,
-                 max_seq_len: int):
-        # the scheduler's page allocator, imported here: the scheduler imports this package
-        from minisgl.scheduler.cache import CacheManager
-
-        config = replace(target, model_path=draft_path, max_seq_len=max_seq_len)
-        with use_global_ctx(get_global_ctx()):  # the target's context stays the global one
-            self.engine = Engine(config)
-        vocab = self.engine.model_config.vocab_size
+    def __init__(self, engine: Engine, cache: CacheManager, target_vocab: int, max_seq_len: int):
+        """``engine`` runs the draft model; ``cache`` allocates the pages of its KV pool."""
+        vocab, path = engine.model_config.vocab_size, engine.config.model_path
         if vocab != target_vocab:
-            raise ValueError(f"draft model {draft_path!r} has {vocab} tokens, the target "
+            raise ValueError(f"draft model {path!r} has {vocab} tokens, the target "
                              f"{target_vocab}: a draft must share the target's tokenizer")
-        if self.engine.max_seq_len < max_seq_len:
-            raise ValueError(f"the draft's KV pool holds {self.engine.max_seq_len} tokens, "
+        if engine.max_seq_len < max_seq_len:
+            raise ValueError(f"the draft's KV pool holds {engine.max_seq_len} tokens, "
                              f"a request may have {max_seq_len}: give it more pages")
-        self.page_size = config.page_size
-        self.cache = CacheManager(self.engine.num_pages, config.page_size,
-                                  self.engine.page_table, create_prefix_cache("naive",
-                                                                              config.page_size))
+        self.engine, self.cache, self.page_size = engine, cache, engine.config.page_size
         self.mirrors: Dict[Req, Req] = {}
 
     def propose(self, reqs: Sequence[Req], ks: Sequence[int]) -> List[List[int]]:

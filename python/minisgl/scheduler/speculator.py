@@ -3,14 +3,15 @@ token as one extend of k + 1 tokens, and the longest run the target agrees with 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-from minisgl.core import Batch, Req
+from minisgl.core import Batch, Req, get_global_ctx, use_global_ctx
 from minisgl.engine.engine import Engine
 from minisgl.engine.sample import BatchSamplingArgs, row_seed, top_k_top_p_filter
+from minisgl.kvcache import create_prefix_cache
 from minisgl.speculative import DraftModel, NgramDrafter, accept_greedy, accept_sampled
 
 from .cache import CacheManager
@@ -49,9 +50,7 @@ class Speculator:
     def __init__(self, config: SchedulerConfig, engine: Engine, cache_manager: CacheManager):
         self.k, self.engine, self.cache_manager = config.speculative_k, engine, cache_manager
         self.drafter: NgramDrafter | DraftModel = (
-            NgramDrafter() if config.speculative == "ngram" else DraftModel(
-                str(config.draft_model), config, engine.model_config.vocab_size,
-                engine.max_seq_len))
+            NgramDrafter() if config.speculative == "ngram" else draft_model(config, engine))
         self._generator = torch.Generator().manual_seed(config.seed)  # unseeded requests' draws
         self.stats = SpeculativeStats()
         engine.capture_verify_graphs(self.k + 1)  # on a GPU: verify steps replay a graph
@@ -135,6 +134,19 @@ class Speculator:
         req.device_len = req.cached_len + 1
         self.cache_manager.free_tail(req, held)
         self.drafter.accepted(req, req.cached_len)
+
+
+def draft_model(config: SchedulerConfig, target: Engine) -> DraftModel:
+    """The draft model in an engine of its own (its weights, its KV pool) with a page allocator
+    of its own and no prefix cache, for requests as long as the target's."""
+    draft_config = replace(config, model_path=str(config.draft_model),
+                           max_seq_len=target.max_seq_len)
+    with use_global_ctx(get_global_ctx()):  # the target's context stays the global one
+        engine = Engine(draft_config)
+    page_size = draft_config.page_size
+    cache = CacheManager(engine.num_pages, page_size, engine.page_table,
+                         create_prefix_cache("naive", page_size))
+    return DraftModel(engine, cache, target.model_config.vocab_size, target.max_seq_len)
 
 
 def _padded(req: Req, draft: List[int], k: int) -> List[int]:
