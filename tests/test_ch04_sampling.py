@@ -288,3 +288,32 @@ def test_a_request_with_a_seed_draws_the_same_in_any_batch():
     assert _seeded_run(43, sampler_seed=0, rows=1, where=0) != alone
     unseeded = _seeded_run(None, sampler_seed=0, rows=1, where=0)
     assert _seeded_run(None, sampler_seed=0, rows=4, where=2) != unseeded
+
+
+def _neighbour_run(neighbour_seed: int | None, steps: int = 12) -> tuple[list[int], list[int]]:
+    """``steps`` draws of an unseeded request at row 0 beside a request at row 1 that carries
+    ``neighbour_seed``, with the same sampler seed: the two requests' tokens."""
+    from minisgl.core import Batch, Req
+
+    logits = torch.randn(steps, 64, generator=torch.Generator().manual_seed(1))
+    reqs = [Req(0, [1], SamplingParams(temperature=1.0, max_tokens=steps)),
+            Req(1, [1], SamplingParams(temperature=1.0, max_tokens=steps, seed=neighbour_seed))]
+    sampler = Sampler(seed=3)
+    for step in range(steps):
+        args = sampler.prepare(Batch(reqs))
+        for r, token in zip(reqs, sampler.sample(logits[step].expand(2, -1), args)):
+            r.append(int(token))
+    return reqs[0].output_ids, reqs[1].output_ids
+
+
+def test_a_seeded_neighbour_moves_no_draw_of_an_unseeded_request():
+    """The unseeded rows draw from the sampler's generator, in one draw for the whole batch; a
+    seeded row draws again from a generator of its own. So whether a neighbour carries a seed
+    changes none of an unseeded request's tokens, at this step or any later one. (A seeded row
+    that reseeded the sampler's own generator for its draw would pass every other test here:
+    its own tokens stay right, and this step's unseeded draws are already made.)"""
+    plain, plain_neighbour = _neighbour_run(None)
+    beside_seeded, seeded_neighbour = _neighbour_run(7)
+    assert beside_seeded == plain
+    assert seeded_neighbour != plain_neighbour  # the seed did change the neighbour's draws
+    assert len(set(plain)) > 4  # 12 draws over 64 flat-ish tokens, not one token repeated
