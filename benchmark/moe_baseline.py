@@ -10,11 +10,11 @@ published H200 configs for E=128, N=768 (Qwen3-30B-A3B at TP=1) in
 nearest to T, as theirs does.
 
 Routing is torch's softmax, top-k and renormalization, as their ``fused_topk``; the alignment is
-chapter 21's ``moe_align`` (a GPU kernel standing in for their CUDA one, so that the benchmark
-compares GEMMs with GEMMs); then GEMM 1, ``silu_and_mul``, GEMM 2 times the routing weight and
-a sum over the k experts. Nothing reads a value back to the host: the grid covers the worst case
-of tiles and a program past the last padded tile returns at once, so the layer can be captured
-in a CUDA graph.
+chapter 21's ``align`` on pair counts made here with torch (GPU kernels standing in for their
+CUDA one, so that the benchmark compares GEMMs with GEMMs); then GEMM 1, ``silu_and_mul``,
+GEMM 2 times the routing weight and a sum over the k experts. Nothing reads a value back to the
+host: the grid covers the worst case of tiles and a program past the last padded tile returns at
+once, so the layer can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -108,14 +108,28 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, topk_weights
     )
 
 
+def count_pairs(topk_ids: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Each block of ROUTE_BLOCK_T tokens' pairs per expert, [blocks, E rounded up to a power of
+    2] int32: what chapter 21's ``align`` reads, counted with torch on the device (chapter 21's
+    routing kernel counts them as it routes). topk_ids: [T, k] int32."""
+    from minisgl.kernel.moe_routing import ROUTE_BLOCK_T
+
+    num_tokens, topk = topk_ids.shape
+    blocks = triton.cdiv(num_tokens, ROUTE_BLOCK_T)
+    padded = topk_ids.new_full((blocks * ROUTE_BLOCK_T, topk), -1)
+    padded[:num_tokens] = topk_ids
+    experts = torch.arange(triton.next_power_of_2(num_experts), device=topk_ids.device)
+    return (padded.view(blocks, -1, 1) == experts).sum(dim=1, dtype=torch.int32)
+
+
 class TunedBaselineMoe:
     """An MoE layer the way vLLM and SGLang compute it, with the same ``forward`` as minisgl's
     MoE backends. configs: batch size -> tile config (default: the published H200 file)."""
 
     def __init__(self, configs: Dict[int, dict] | None = None):
-        from minisgl.kernel.moe_routing import moe_align  # chapter 21's alignment kernel
+        from minisgl.kernel.moe_routing import align  # chapter 21's alignment kernels
 
-        self.moe_align = moe_align
+        self.align = align
         self.configs = configs if configs is not None else load_configs()
 
     def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
@@ -127,8 +141,10 @@ class TunedBaselineMoe:
         num_tokens, hidden = hidden_states.shape
         config = nearest_config(self.configs, num_tokens)
         topk_weights, topk_ids = select_experts(gating_output, topk, renormalize)
-        sorted_ids, expert_ids, num_padded = self.moe_align(
-            topk_ids.to(torch.int32), w1.shape[0], config["BLOCK_SIZE_M"])
+        topk_ids = topk_ids.to(torch.int32).contiguous()
+        num_experts = w1.shape[0]
+        sorted_ids, expert_ids, num_padded = self.align(
+            topk_ids, count_pairs(topk_ids, num_experts), num_experts, config["BLOCK_SIZE_M"])
         weights = topk_weights.flatten()  # fp32, as the kernel scales its fp32 accumulator
         num_pairs = weights.numel()
         routing = (weights, sorted_ids, expert_ids, num_padded)

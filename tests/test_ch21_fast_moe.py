@@ -145,6 +145,23 @@ def _check_alignment(ids: torch.Tensor, num_experts: int, block_m: int,
     assert (expert_ids[tiles:] == -1).all()
 
 
+def _align_ids(ids: torch.Tensor, num_experts: int,
+               block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``align`` for expert ids given here rather than routed by ``route``: each block of
+    ROUTE_BLOCK_T tokens' pair count per expert, as ``route`` counts them, then ``align``."""
+    import triton
+    from minisgl.kernel.moe_routing import ROUTE_BLOCK_T, align
+
+    ids = ids.to(torch.int32).contiguous()
+    num_tokens, topk = ids.shape
+    block_e = triton.next_power_of_2(num_experts)
+    blocks = triton.cdiv(num_tokens, ROUTE_BLOCK_T)
+    padded = torch.full((blocks * ROUTE_BLOCK_T, topk), -1, dtype=torch.int32)
+    padded[:num_tokens] = ids
+    onehot = padded.view(blocks, -1, 1) == torch.arange(block_e)
+    return align(ids, onehot.sum(dim=1, dtype=torch.int32), num_experts, block_m)
+
+
 ALIGN_CASES = {  # name: (ids [T, k], experts, block_m)
     "T=1": ([[3, 1]], 8, 16),
     "all to one expert": ([[2]] * 37, 6, 16),
@@ -158,12 +175,10 @@ ALIGN_CASES = {  # name: (ids [T, k], experts, block_m)
 
 @interpreted
 @pytest.mark.parametrize("case", ALIGN_CASES)
-def test_moe_align_edge_cases_match_chapter_20(case: str) -> None:
-    from minisgl.kernel.moe_routing import moe_align
-
+def test_align_edge_cases_match_chapter_20(case: str) -> None:
     rows, num_experts, block_m = ALIGN_CASES[case]
     ids = torch.tensor(rows)  # int64, as select_experts gives them
-    _check_alignment(ids, num_experts, block_m, moe_align(ids, num_experts, block_m))
+    _check_alignment(ids, num_experts, block_m, _align_ids(ids, num_experts, block_m))
 
 
 @interpreted
@@ -224,7 +239,7 @@ def _routings() -> Any:
 @interpreted
 def test_alignment_never_needs_more_than_max_tiles() -> None:
     from hypothesis import HealthCheck, given, settings
-    from minisgl.kernel.moe_routing import max_tiles, moe_align
+    from minisgl.kernel.moe_routing import max_tiles
     from minisgl.moe.fused import moe_align_block_size
 
     @settings(max_examples=40, deadline=None, derandomize=True,
@@ -235,7 +250,7 @@ def test_alignment_never_needs_more_than_max_tiles() -> None:
         ids = torch.tensor(rows, dtype=torch.int32)
         needed = moe_align_block_size(ids, block_m, num_experts)[1].numel()  # chapter 20's tiles
         assert needed <= max_tiles(ids.numel(), num_experts, block_m)  # before a kernel writes
-        _check_alignment(ids, num_experts, block_m, moe_align(ids, num_experts, block_m))
+        _check_alignment(ids, num_experts, block_m, _align_ids(ids, num_experts, block_m))
 
     check()
 

@@ -18,7 +18,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 ROUTE_BLOCK_T = 16  # tokens per program of the routing and the scatter
 # The launch sizes below, chosen with benchmark/sweep_moe_launches.py on an H200: first or
-# second of each sweep at 4,096 and 16,384 tokens (ch21's Notes).
+# second of each sweep at 4,096 and 16,384 tokens.
 ROUTE_TOKENS_PER_WARP = 4  # the routing's warps: its block's tokens / this
 PLAN_CHUNK_B = 32  # blocks per chunk of the plan, and chunks it reads per step
 PLAN_TILE_CHUNK = 64  # tiles whose expert one program of the plan writes
@@ -222,19 +222,3 @@ def align(topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int,
         TOP_K=topk, BLOCK_T=ROUTE_BLOCK_T, BLOCK_E=block_e,
         BLOCK_P=triton.next_power_of_2(ROUTE_BLOCK_T * topk), num_warps=SCATTER_WARPS)
     return sorted_ids, expert_ids, num_padded
-
-
-def moe_align(topk_ids: torch.Tensor, num_experts: int,
-              block_m: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``align`` for expert ids routed elsewhere ([T, k]): counts them first (a benchmark's
-    baseline routes with torch and aligns here)."""
-    topk_ids = topk_ids.to(torch.int32).contiguous()
-    num_tokens, topk = topk_ids.shape
-    block_e = triton.next_power_of_2(num_experts)
-    blocks = triton.cdiv(num_tokens, ROUTE_BLOCK_T)
-    padded = torch.full((blocks * ROUTE_BLOCK_T, topk), -1, dtype=torch.int32,
-                        device=topk_ids.device)
-    padded[:num_tokens] = topk_ids
-    onehot = padded.view(blocks, -1, 1) == torch.arange(block_e, device=topk_ids.device)
-    block_counts = onehot.sum(dim=1, dtype=torch.int32)
-    return align(topk_ids, block_counts, num_experts, block_m)

@@ -22,13 +22,3 @@ def is_arch_supported(major: int, minor: int = 0) -> bool:
     """Whether there is a CUDA device of compute capability ``major.minor`` or newer."""
     capability = cuda_capability()
     return capability is not None and capability >= (major, minor)
-
-
-def is_sm90_supported() -> bool:
-    """Hopper (H100, H200) or newer."""
-    return is_arch_supported(9, 0)
-
-
-def is_sm100_supported() -> bool:
-    """Blackwell (B200) or newer."""
-    return is_arch_supported(10, 0)
