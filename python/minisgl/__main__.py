@@ -1,5 +1,5 @@
 """``python -m minisgl --model PATH``: serve the model over HTTP; with ``--shell``, chat with it in
-the terminal instead (chapter 14)."""
+the terminal instead."""
 
 import sys
 

@@ -29,12 +29,12 @@ def failure_grace_s() -> float:
 
 def disable_overlap_scheduling() -> bool:
     """``MINISGL_DISABLE_OVERLAP_SCHEDULING=1`` (or true, yes): the scheduler waits for each
-    batch's tokens before it schedules the next, whatever its config says (chapter 18)."""
+    batch's tokens before it schedules the next, whatever its config says."""
     return os.environ.get("MINISGL_DISABLE_OVERLAP_SCHEDULING", "").lower() in ("1", "true", "yes")
 
 
 def disable_fused_kernels() -> bool:
     """``MINISGL_DISABLE_FUSED_KERNELS=1`` (or true, yes): on a GPU, the decoder's residual add +
     RMSNorm, its q/k norms + rotary embedding and the sampler run as torch operations, not
-    chapter 22's Triton kernels."""
+    the fused Triton kernels."""
     return os.environ.get("MINISGL_DISABLE_FUSED_KERNELS", "").lower() in ("1", "true", "yes")

@@ -1,6 +1,6 @@
 """``python -m minisgl --model PATH --shell``: chat with the model in a terminal.
 
-The same worker processes as the server (chapter 13's ``start_workers``), and in this process a
+The same worker processes as the server (``start_workers``), and in this process a
 prompt instead of the HTTP API. Each line is a user turn: the conversation so far goes to the
 tokenizer worker as chat messages (so through the chat template), and the reply is printed
 piece by piece as the detokenizer sends it. Ctrl-C stops the reply (the request is aborted and
@@ -12,12 +12,12 @@ reply, and the shell says how many went. The count is the tokenizer worker's own
 loads the same tokenizer and calls the same ``tokenize_request``. A turn the scheduler still
 refuses (one line longer than the context) is reported in one line, and the shell goes on.
 
-Sampling is set for the whole session from the environment, as upstream does:
-``MINISGL_SHELL_TEMPERATURE`` (0.6), ``MINISGL_SHELL_TOP_K`` (-1), ``MINISGL_SHELL_TOP_P`` (1.0),
-``MINISGL_SHELL_MAX_TOKENS``. Upstream's default reply length, 2048 tokens, would fill a
-512-token context in one reply and leave no room for the next line; ours is a quarter of the
-context, 2048 at most (128 tokens on the tiny models, 2048 from an 8,192-token context on), so
-that three quarters stay for the conversation: several turns of it.
+Sampling is set for the whole session from the environment: ``MINISGL_SHELL_TEMPERATURE``
+(0.6), ``MINISGL_SHELL_TOP_K`` (-1), ``MINISGL_SHELL_TOP_P`` (1.0), ``MINISGL_SHELL_MAX_TOKENS``.
+A fixed reply length of 2048 tokens would fill a 512-token context in one reply and leave no
+room for the next line; the default is a quarter of the context, 2048 at most (128 tokens on
+the tiny models, 2048 from an 8,192-token context on), so that three quarters stay for the
+conversation: several turns of it.
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ class RequestRefused(ValueError):
 
 
 def shell_sampling_params(context: int) -> SamplingParams:
-    """The session's sampling, from ``MINISGL_SHELL_*`` (upstream's defaults, but a reply of a
-    quarter of the ``context``, 2048 tokens at most)."""
+    """The session's sampling, from ``MINISGL_SHELL_*`` (by default a reply of a quarter of
+    the ``context``, 2048 tokens at most)."""
     get = os.environ.get
     reply_len = min(2048, context // 4)
     return SamplingParams(temperature=float(get("MINISGL_SHELL_TEMPERATURE", "0.6")),
@@ -73,7 +73,7 @@ def shell_sampling_params(context: int) -> SamplingParams:
 
 def context_length(args: ServerArgs, stats: SchedulerStats) -> int:
     """The longest sequence the scheduler takes (its ``max_seq_len``): the model's context, but
-    no more tokens than the KV pool holds (chapter 6's rule)."""
+    no more tokens than the KV pool holds (as the engine caps it)."""
     config = ModelConfig.from_dict(read_hf_config(resolve_model_dir(args.model_path)))
     model_len = args.max_seq_len or config.max_position_embeddings
     return min(model_len, stats.read()["kv_pages_total"] * args.page_size)
@@ -233,7 +233,7 @@ def prompt_reader() -> Callable[[], str]:
 
 def run_shell(args: ServerArgs) -> None:
     """Start the workers, chat until /exit or Ctrl-D, stop the workers: no process or socket
-    file stays. SIGTERM ends it too (chapter 12's handler); SIGINT here means "stop the reply"."""
+    file stays. SIGTERM ends it too (``Workers``' handler); SIGINT here means "stop the reply"."""
     with Workers() as workers:
         stats = SchedulerStats()
         start_workers(workers, args, stats)

@@ -17,7 +17,7 @@ class BaseAttnBackend(ABC):
     runs in every layer: it writes the new tokens' K and V into the KV cache, then attends.
     """
 
-    supports_cuda_graph = False  # whether its decode can be captured in a CUDA graph (ch17)
+    supports_cuda_graph = False  # whether its decode can be captured in a CUDA graph
 
     @abstractmethod
     def prepare_metadata(self, batch: Batch) -> None: ...
@@ -28,6 +28,6 @@ class BaseAttnBackend(ABC):
         """q: [T, Hq, D]; k, v: [T, Hkv, D], the batch's T new tokens -> [T, Hq, D]."""
 
     def init_graph_buffers(self, max_bs: int) -> None:
-        """Before CUDA graphs are captured (chapter 17): from now on put a decode batch's
+        """Before CUDA graphs are captured: from now on put a decode batch's
         metadata, up to ``max_bs`` requests, in fixed buffers, where a replayed graph reads it."""
         raise NotImplementedError(f"{type(self).__name__} cannot run in a CUDA graph")

@@ -46,7 +46,7 @@ class TritonAttnBackend(BaseAttnBackend):
         self._graph_lens: torch.Tensor | None = None  # [5, max_bs] once graphs are captured
 
     def init_graph_buffers(self, max_bs: int) -> None:
-        """Decode (and verify, chapter 24) metadata lives in one buffer from now on: a graph
+        """Decode (and verify) metadata lives in one buffer from now on: a graph
         reads it where the capture found it, so each step writes its values there. A second
         set of graphs no larger than the first shares the buffer: a new one would leave the
         graphs already captured reading the old."""

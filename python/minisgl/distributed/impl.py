@@ -45,7 +45,7 @@ def destroy_distributed() -> None:
 
 class DistributedCommunicator:
     """The sums and gathers between the ranks' partial results. At one rank each is the
-    identity, so a layer may hold one without any process group (chapter 20's MoELayer)."""
+    identity, so a layer may hold one without any process group (as ``MoELayer`` does)."""
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """The element-wise sum of every rank's ``x``, in place; returns ``x``."""

@@ -22,7 +22,7 @@ class DistributedInfo:
 
 
 # one rank holding every weight whole until a launcher says otherwise, so that a model built
-# in a plain process (the tests, chapter 20's MoELayer) needs no set-up
+# in a plain process (the tests, ``MoELayer``) needs no set-up
 _TP_INFO = DistributedInfo(rank=0, size=1)
 
 

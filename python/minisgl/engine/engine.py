@@ -31,7 +31,7 @@ class Engine:
 
     It owns the page table, whose rows the scheduler hands out, and the KV pool, whose pages the
     scheduler hands out; the engine only reads them. Page ``num_pages`` (the last) is a dummy
-    page, never handed out: a padding request's row points at it (CUDA graphs, chapter 17).
+    page, never handed out: a padding request's row points at it (CUDA graphs).
     """
 
     def __init__(self, config: EngineConfig):
@@ -59,7 +59,7 @@ class Engine:
                              table_idx=config.max_running_req)
         self.page_table[self.dummy_req.table_idx].fill_(num_slots)
         # the token each row sampled last, for the next forward to read where the host does not
-        # have it yet (overlap scheduling, chapter 18); the dummy row's stays 0
+        # have it yet (overlap scheduling); the dummy row's stays 0
         self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.long,
                                        device=self.device)
 
@@ -71,11 +71,11 @@ class Engine:
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(
                 self.device, config.moe_backend)
         self.sampler = make_sampler(self.device, config.seed)
-        # where a step's time goes (chapter 15); the scheduler times its own phases with it
+        # where a step's time goes; the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
         self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
                                         self._graph_max_bs(), self.device)
-        self.verify_runner: GraphRunner | None = None  # speculative decoding's (chapter 24)
+        self.verify_runner: GraphRunner | None = None  # speculative decoding's verify steps
         if self.graph_runner.max_bs and self.device.type == "cuda":
             with use_global_ctx(self.ctx), torch.inference_mode():
                 self.graph_runner.capture(self.prepare_batch)
@@ -83,9 +83,9 @@ class Engine:
     def _graph_max_bs(self) -> int:
         """The largest decode batch run as a CUDA graph: ``cuda_graph_max_bs``, by default
         every batch up to 256 on a GPU. 0 when the forward cannot be captured: the torch
-        backend's Python loop, or MoE layers that read expert counts on the host (chapter 20's
-        backends; chapter 21's reads none). On a CPU only a maximum given explicitly pads
-        batches, to show how."""
+        backend's Python loop, or MoE layers that read expert counts on the host (the "torch"
+        and "fused" MoE backends). On a CPU only a maximum given explicitly pads batches, to
+        show how."""
         asked, on_gpu = self.config.cuda_graph_max_bs, self.device.type == "cuda"
         capturable = self.attn_backend.supports_cuda_graph and (
             not self.model_config.is_moe or self.moe_backend.supports_cuda_graph)
@@ -117,7 +117,7 @@ class Engine:
         if num_pages is None:
             by_budget = self._kv_budget(used_before) // self.bytes_per_page()
             num_pages = min(by_budget, self._most_pages_needed(max_seq_len))
-            num_pages = min_across_ranks(num_pages)  # every rank schedules alike (chapter 19)
+            num_pages = min_across_ranks(num_pages)  # every rank schedules alike
         if num_pages < 1:
             raise ValueError("no memory left for the KV cache: give num_pages or more memory")
         logger.info("KV cache: %d pages of %d tokens", num_pages, self.config.page_size)
@@ -140,7 +140,7 @@ class Engine:
         given already): input_ids, positions, table_rows and out_loc [T], the rows whose logits
         are sampled (each request's last token), then the attention metadata.
 
-        A token the host does not have yet (sampled by the batch before, chapter 18) is read
+        A token the host does not have yet (sampled by the batch before) is read
         from ``last_tokens`` on the device. Nothing here waits for the device."""
         reqs = batch.reqs
         ids = [t for r in reqs for t in _host_ids(r)]
@@ -156,7 +156,7 @@ class Engine:
         batch.input_ids = torch.where(host_ids >= 0, host_ids, self.last_tokens[batch.table_rows])
         batch.out_loc = self.page_table[batch.table_rows, batch.positions].long()
         if t > len(reqs) and batch.phase != "verify":  # sample only each request's last
-            # token; drafts to verify (chapter 24) need the logits at every position
+            # token; drafts to verify need the logits at every position
             batch.logits_rows = flat[3 * t :]
         self.attn_backend.prepare_metadata(batch)
 
@@ -167,7 +167,7 @@ class Engine:
 
         Afterwards every request's new tokens count as cached (``cached_len = device_len``).
         ``mask_logits`` edits the logits [B, V] in place between the forward and the sampling:
-        structured output's bitmask (chapter 23), which the host fills while the forward runs.
+        structured output's bitmask, which the host fills while the forward runs.
         """
         graph = self.graph_runner.can_run(batch)  # a decode batch small enough: padded
         run = self.graph_runner.pad(batch) if graph else batch
@@ -188,7 +188,7 @@ class Engine:
                 mask_logits(logits)
             tokens = self.sampler.sample(logits, self.sampler.prepare(batch))
             rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
-            self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
+            self.last_tokens[rows[: batch.size]] = tokens  # the next forward reads them here
             return tokens
 
     def capture_verify_graphs(self, width: int, max_bs: int = 64) -> None:
@@ -212,7 +212,7 @@ class Engine:
 
     @torch.inference_mode()
     def verify_logits(self, batch: Batch) -> torch.Tensor:
-        """The logits at every position of a batch of drafts to verify (chapter 24): [T, V]
+        """The logits at every position of a batch of drafts to verify: [T, V]
         float32, no token sampled; from a CUDA graph when every request brings the width the
         graphs were captured for. Afterwards every request counts all its tokens as cached."""
         assert batch.phase == "verify"
@@ -235,7 +235,7 @@ class Engine:
 
     def start_copy_to_host(self, tokens: torch.Tensor) -> HostTokens:
         """Start copying sampled tokens to the host without waiting for them: on a GPU into
-        pinned memory, with an event recorded after the copy (chapter 18)."""
+        pinned memory, with an event recorded after the copy."""
         if self.device.type != "cuda":
             return HostTokens(tokens)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -247,14 +247,14 @@ class Engine:
     def shutdown(self) -> None:
         """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
         which the global context would otherwise keep alive. Under tensor parallelism the
-        process that runs the rank leaves its group (chapter 19)."""
+        process that runs the rank leaves its group."""
         self.graph_runner.destroy()
         self.ctx.kv_cache = self.ctx.page_table = None
 
 
 @dataclass
 class HostTokens:
-    """A batch's sampled tokens on their way to the host (chapter 18). ``tolist`` waits for
+    """A batch's sampled tokens on their way to the host. ``tolist`` waits for
     their copy alone (its event), not for the batches the device was given after it."""
 
     tokens: torch.Tensor  # [B]; on a GPU pinned host memory that the copy is still filling
@@ -273,8 +273,8 @@ def _host_ids(req: Req) -> List[int]:
 
 
 def make_sampler(device: torch.device, seed: int) -> Sampler:
-    """On a GPU, chapter 22's sampler (the exponential race in Triton); elsewhere, or with
-    ``MINISGL_DISABLE_FUSED_KERNELS=1``, chapter 4's torch one."""
+    """On a GPU, the fused sampler (the exponential race in Triton); elsewhere, or with
+    ``MINISGL_DISABLE_FUSED_KERNELS=1``, the torch one (engine/sample.py)."""
     if device.type == "cuda" and not disable_fused_kernels():
         from minisgl.engine.fused_sampler import FusedSampler  # imports Triton
 

@@ -1,6 +1,6 @@
-"""The sampler of chapter 4 with its draw done by the race kernel (kernel/fused_sample.py).
+"""engine/sample.py's sampler with its draw done by the race kernel (kernel/fused_sample.py).
 
-Rows with top-k or top-p still take chapter 4's torch filter (a sort of their probabilities); the
+Rows with top-k or top-p still take the torch filter (a sort of their probabilities); the
 race then runs over the log of what the filter kept.
 """
 
@@ -43,7 +43,7 @@ class FusedSampler(Sampler):
     @staticmethod
     def _filtered(logits: torch.Tensor,
                   args: BatchSamplingArgs) -> tuple[torch.Tensor, torch.Tensor]:
-        """The rows with top-k or top-p through chapter 4's filter: their logits become the log
+        """The rows with top-k or top-p through the torch filter: their logits become the log
         of the kept probabilities (-inf where dropped) at temperature 1; the other rows stay."""
         rows = ((args.top_k > 0) | (args.top_p < 1.0)) & ~args.greedy
         rows = rows.nonzero().squeeze(1)  # waits for the device: only batches with a filter pay

@@ -15,7 +15,7 @@ request's KV slots, so they cannot change its output.
 On a CPU nothing is captured, but a batch is padded the same way (when a maximum is given), so
 the bucket choice and the padding can be seen and tested anywhere.
 
-Speculative decoding (chapter 24) captures a second set: verify batches in which every request
+Speculative decoding captures a second set: verify batches in which every request
 brings the same number of tokens, its last one and its k drafts.
 """
 

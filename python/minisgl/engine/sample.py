@@ -28,9 +28,9 @@ class BatchSamplingArgs:
         greedy = [p.is_greedy for p in params]
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_k, top_p = [p.top_k for p in params], [p.top_p for p in params]
-        # one host-to-device copy, not four: each costs tens of microseconds on a GPU (ch15)
+        # one host-to-device copy, not four: each costs tens of microseconds on a GPU
         # pinned on a GPU: from pageable memory the copy may wait for the forward queued
-        # before it, the very work overlap scheduling (chapter 18) runs the host beside
+        # before it, the very work overlap scheduling runs the host beside
         rows = torch.tensor([temperatures, top_k, top_p, greedy], dtype=torch.float64,
                             pin_memory=torch.device(device).type == "cuda")
         rows = rows.to(device, non_blocking=True)
@@ -71,7 +71,7 @@ class Sampler:
 
     def prepare(self, batch: Batch) -> BatchSamplingArgs:
         args = BatchSamplingArgs.from_params([r.sampling_params for r in batch.reqs], self.device)
-        # the step of a seeded draw counts a token still on its way to the host (chapter 18)
+        # the step of a seeded draw counts a token still on its way to the host
         args.row_seeds = [row_seed(r.sampling_params.seed, r.num_sampled) for r in batch.reqs]
         return args
 
@@ -81,7 +81,7 @@ class Sampler:
         if args.all_greedy:
             return greedy_ids
         probs = torch.softmax(logits.float() / args.temperatures[:, None], dim=-1)
-        if args.any_filter:  # the sort of [B, V] costs more than the rest of sampling (ch15)
+        if args.any_filter:  # the sort of [B, V] costs more than the rest of sampling
             probs = top_k_top_p_filter(probs, args.top_k, args.top_p)
         drawn = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)
         for row, seed in enumerate(args.row_seeds):

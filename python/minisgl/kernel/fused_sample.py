@@ -8,8 +8,8 @@ based generator: E_i is a function of the row's seed and of i alone, so a row wi
 the same token in any batch, at any position, beside any neighbours.
 
 Stage 1 splits each row into blocks of ``BLOCK_V`` tokens, one program each, and stage 2 picks
-each row's winner among its blocks. ``engine/fused_sampler.py`` puts the race behind chapter 4's
-``Sampler``.
+each row's winner among its blocks. ``engine/fused_sampler.py`` puts the race behind the
+``Sampler`` of ``engine/sample.py``.
 """
 
 from __future__ import annotations

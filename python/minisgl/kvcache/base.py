@@ -1,5 +1,5 @@
 """What a KV cache pool offers the attention backends, and what a prefix cache offers the
-scheduler (chapter 7)."""
+scheduler."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def match_prefix(self, input_ids: Sequence[int]) -> BaseCacheHandle:
         """The longest cached prefix of ``input_ids``. No tokens come or go, though the cache
-        may reorganize itself (chapter 8's radix tree splits an edge)."""
+        may reorganize itself (a radix tree splits an edge)."""
 
     @abstractmethod
     def insert_prefix(self, input_ids: Sequence[int], slots: torch.Tensor) -> InsertResult:

@@ -16,7 +16,7 @@ class NaiveCacheHandle(BaseCacheHandle):
 
 class NaivePrefixCache(BasePrefixCache):
     """The prefix cache that keeps nothing: every request computes its whole prompt, and all its
-    pages go back to the pool when it finishes. The baseline for chapter 8's radix cache."""
+    pages go back to the pool when it finishes. The baseline for the radix cache."""
 
     def __init__(self, page_size: int):
         self.page_size = page_size

@@ -35,7 +35,7 @@ class RMSNormFused(RMSNorm):
     ``forward(x, residual)`` returns ``(norm(x + residual), x + residual)``: the normalized input
     of the next block and the new residual stream. The first layer has no residual yet
     (``residual=None``): then it returns ``(norm(x), x)``. x, residual: [T, size].
-    On a GPU the add and the norm are one Triton kernel (chapter 22) that writes the sum into
+    On a GPU the add and the norm are one Triton kernel that writes the sum into
     ``residual`` and returns that tensor.
     """
 
@@ -43,7 +43,7 @@ class RMSNormFused(RMSNorm):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is not None and x.is_cuda and not disable_fused_kernels():
-            from minisgl.kernel.fused_norm import add_rms_norm  # Triton, chapter 22
+            from minisgl.kernel.fused_norm import add_rms_norm  # imports Triton
 
             return add_rms_norm(x, residual, self.weight, self.eps)  # residual: the sum, in place
         return add_then_rms_norm(x, residual, self.weight, self.eps)

@@ -3,7 +3,7 @@ loading a checkpoint into it.
 
 ``sequence_logits`` is the entry point that stays put while the engine grows around the model:
 it returns the logits of every position of one sequence, computed from scratch. Since the layers
-attend over a KV cache (chapter 5), it is a prefill on an empty cache made for that one sequence.
+attend over a KV cache, it is a prefill on an empty cache made for that one sequence.
 """
 
 from __future__ import annotations

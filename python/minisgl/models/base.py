@@ -14,5 +14,5 @@ class BaseLLMModel(BaseOP):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """input_ids, positions: [T] -> logits: [T, vocab]; position t sees tokens 0..t only.
-        When the running batch names ``logits_rows`` (chapter 16), only those rows: [R, vocab]."""
+        When the running batch names ``logits_rows``, only those rows: [R, vocab]."""
         raise NotImplementedError

@@ -50,10 +50,10 @@ class DecoderAttention(BaseOP):
     def norm_and_rotate(self, q: torch.Tensor, k: torch.Tensor,
                         positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The q/k norms (Qwen3), then RoPE. On a GPU one Triton kernel does both, in place in
-        the qkv GEMM's output (chapter 22); torch's path returns new tensors."""
+        the qkv GEMM's output; torch's path returns new tensors."""
         q_norm, k_norm = self.q_norm, self.k_norm
         if q.is_cuda and not disable_fused_kernels():
-            from minisgl.kernel.fused_rope import qk_norm_rope  # Triton, chapter 22
+            from minisgl.kernel.fused_rope import qk_norm_rope  # imports Triton
 
             if q_norm is None or k_norm is None:
                 return qk_norm_rope(positions, q, k, self._rotary._cos_sin_cache)

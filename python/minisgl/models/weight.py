@@ -4,7 +4,7 @@ Checkpoints store q, k and v apart, gate and up apart, and every expert apart; o
 them merged (one matmul each). ``load_weights`` buffers the parts of a merged tensor until the
 last one arrives, then yields the merged tensor and lets the parts go.
 
-Under tensor parallelism (chapter 19) each rank keeps only its shard of every tensor, cut as the
+Under tensor parallelism each rank keeps only its shard of every tensor, cut as the
 tensor arrives, before any merging: a rank never holds more than one whole tensor at a time.
 """
 

@@ -1,5 +1,6 @@
-"""MoE backends, chosen by name: "torch" (the reference, the default on a CPU), "fused" (chapter
-20's Triton fused MoE) or "fast" (chapter 21's, the default on a GPU)."""
+"""MoE backends, chosen by name: "torch" (the reference, the default on a CPU), "fused" (the
+Triton fused MoE, which sizes its alignment on the host) or "fast" (routing and alignment on the
+GPU, so a CUDA graph can hold it; the default on a GPU)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ MOE_BACKENDS.register("fused", _make_fused)
 
 
 def _make_fast() -> BaseMoeBackend:
-    from .fast import FastMoeBackend  # chapter 21's, also importing triton only when chosen
+    from .fast import FastMoeBackend  # also imports triton only when chosen
 
     return FastMoeBackend()
 

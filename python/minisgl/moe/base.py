@@ -26,7 +26,7 @@ class BaseMoeBackend(ABC):
     weighted by routing and summed.
     """
 
-    # whether forward reads nothing on the host, so a CUDA graph can hold it (chapter 21)
+    # whether forward reads nothing on the host, so a CUDA graph can hold it
     supports_cuda_graph: bool = False
 
     @abstractmethod

@@ -47,7 +47,7 @@ def _gemm(block_n: int, block_k: int, group_m: int, warps: int, stages: int) -> 
 
 
 def default_config(num_tokens: int, topk: int, num_experts: int) -> MoeConfig:
-    """By pairs per expert, chapter 20's exercise 1: a few tokens take the decode path; few pairs
+    """By pairs per expert: a few tokens take the decode path; few pairs
     per expert waste most of a tall tile, so small batches take 16-row tiles and wide K steps
     (the weights are the cost); large ones take 128-row tiles (the arithmetic is)."""
     if num_tokens <= DECODE_MAX_TOKENS:

@@ -1,4 +1,4 @@
-"""Chapter 21's MoE: routing and alignment on the GPU (kernel/moe_routing.py), SiLU x up fused
+"""A fused MoE with routing and alignment on the GPU (kernel/moe_routing.py), SiLU x up fused
 into the first GEMM, tile sizes tuned per batch size (kernel/fused_moe.py, moe/configs.py), and
 a three-launch path for a few tokens (kernel/moe_decode.py). No size is read on the host, so a
 decode step with MoE layers can be captured in a CUDA graph."""

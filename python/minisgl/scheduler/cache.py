@@ -74,7 +74,7 @@ class CacheManager:
 
     def free_tail(self, req: Req, held_len: int) -> None:
         """Give back the pages the request took for positions [cached_len, held_len) and no
-        longer needs: the K and V of draft tokens the target refused (chapter 24). A page
+        longer needs: the K and V of draft tokens the target refused. A page
         holding any position below cached_len stays, however much of it was refused."""
         size, row = self.page_size, req.table_idx
         first, last = div_ceil(req.cached_len, size), div_ceil(held_len, size)
@@ -89,7 +89,7 @@ class CacheManager:
         since this one was admitted: its row then points at the cache's slots, its own are freed.
 
         Only tokens the host has go to the cache, less the last (never run without overlap):
-        with overlap (chapter 18) a later forward may have cached more, so the cache holds the
+        with overlap a later forward may have cached more, so the cache holds the
         same tokens with overlap on and off. A finished request's pages are freed to the end.
         """
         n, old = min(req.cached_len, len(req.all_ids) - 1), req.cache_handle

@@ -11,10 +11,10 @@ class SchedulerConfig(EngineConfig):
 
     max_extend_tokens: int = 1024  # prompt tokens one prefill forward takes at most
     cache_type: str = "radix"  # the prefix cache: "radix" or "naive"
-    # schedule batch k+1 before batch k's tokens reach the host (chapter 18); None: on a GPU.
+    # schedule batch k+1 before batch k's tokens reach the host; None: on a GPU.
     # MINISGL_DISABLE_OVERLAP_SCHEDULING=1 turns it off whatever this says
     overlap_scheduling: bool | None = None
-    # speculative decoding (chapter 24): None (off), "ngram" or "draft" (needs draft_model);
+    # speculative decoding: None (off), "ngram" or "draft" (needs draft_model);
     # each decode step proposes speculative_k drafts a request. It turns overlap off
     speculative: str | None = None
     speculative_k: int = 4

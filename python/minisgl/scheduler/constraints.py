@@ -1,4 +1,4 @@
-"""The scheduler's constrained requests (chapter 23): a grammar each, compiled when the request
+"""The scheduler's constrained requests: a grammar each, compiled when the request
 arrives, followed token by token, and the bitmask of a batch's constrained rows filled while
 the batch's forward runs on the device."""
 
@@ -65,7 +65,7 @@ class GrammarManager:
     def mask_for(self, batch: Batch, pending: Pending) -> Callable[[torch.Tensor], None] | None:
         """What the engine calls on the batch's logits before sampling, or None when no row
         samples under a grammar (a free batch costs nothing). ``pending`` gives the tokens of
-        the batch still in flight (chapter 18), which the matchers need before they can say
+        the batch still in flight, which the matchers need before they can say
         what comes next; waiting for them here lets the device run this batch's forward
         meanwhile."""
         rows = [(i, self.grammars[r]) for i, r in enumerate(batch.reqs)

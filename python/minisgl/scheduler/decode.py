@@ -23,7 +23,7 @@ class DecodeManager:
 
     def remove_done(self) -> None:
         """Drop the requests whose last token is sampled (max_tokens): known at launch, before
-        the host has that token (chapter 18)."""
+        the host has that token."""
         self.running_reqs = [r for r in self.running_reqs if r.can_decode]
 
     def reserved_pages(self, page_size: int) -> int:

@@ -1,7 +1,7 @@
 """The scheduler process: requests come in over ZMQ, each step's new tokens go out to the
-detokenizer. This file puts sockets around the Scheduler (chapters 7-9, 18).
+detokenizer. This file puts sockets around the Scheduler.
 
-Under tensor parallelism (chapter 19) there is one scheduler process per rank. Only rank 0 has
+Under tensor parallelism there is one scheduler process per rank. Only rank 0 has
 sockets: it passes every message it receives on to the other ranks by broadcast, so all ranks
 run the same steps, and only rank 0 sends tokens back.
 """

@@ -1,5 +1,5 @@
 """The scheduler: requests in, one batch per step, tokens out (continuous batching); with
-overlap scheduling (chapter 18) the next batch is launched before this one's tokens are back."""
+overlap scheduling the next batch is launched before this one's tokens are back."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ class Scheduler:
     until there is a row for it and pages for everything it may still generate, so a running
     request never runs out of pages.
 
-    With overlap scheduling (chapter 18) a step launches batch k+1 before it processes batch k's
+    With overlap scheduling a step launches batch k+1 before it processes batch k's
     tokens, so the host's work hides behind the device's. Batch k+1 may then hold a request that
     batch k finished (at EOS): its token is dropped, and the request's row and pages are given
     back only once no launched batch can read them.
@@ -62,7 +62,7 @@ class Scheduler:
         self.eos_token_ids = _eos_token_ids(config.model_path)
         self.grammars = GrammarManager(config.model_path, self.engine.model_config.vocab_size)
         self.speculator = (Speculator(config, self.engine, self.cache_manager)
-                           if config.speculative else None)  # chapter 24
+                           if config.speculative else None)
         self.overlap = _use_overlap(config, self.engine.device)
         self._next_uid = 0
         self._in_flight: Launched | None = None  # launched, not processed (overlap only)
@@ -74,7 +74,7 @@ class Scheduler:
         params = check_request(input_ids, params, self.engine.max_seq_len,
                                self.engine.model_config.vocab_size)
         req = Req(self._next_uid, list(input_ids), params)
-        self.grammars.add(req)  # structured output (chapter 23): compiled before it is queued
+        self.grammars.add(req)  # structured output: compiled before it is queued
         self._next_uid += 1
         self.prefill_manager.add_req(req)
         return req
@@ -156,7 +156,7 @@ class Scheduler:
         return Launched(batch, extend_lens, sampled, self.engine.start_copy_to_host(next_tokens))
 
     def _launch_speculative(self, batch: Batch) -> Launched:
-        """A decode step with drafts (chapter 24), run to its end: the next step's positions
+        """A decode step with drafts, run to its end: the next step's positions
         depend on how many tokens this one keeps, so nothing is launched ahead of it."""
         constrained = [r in self.grammars.grammars for r in batch.reqs]
         mask = self.grammars.mask_for(batch, self._pending())
@@ -211,7 +211,7 @@ class Scheduler:
         """Give the request's pages to the prefix cache (finished: its row back too), at once
         when no batch is in flight, else when it is done: it may read them still (a request
         that finished at EOS runs once more in it), and a page or row handed out again now
-        would be written while it runs (upstream's illegal memory accesses, chapter 18)."""
+        would be written while it runs."""
         if finished:
             self._released.add(req)
         if self._in_flight is None:
@@ -231,9 +231,9 @@ class Scheduler:
 
 def _use_overlap(config: SchedulerConfig, device: torch.device) -> bool:
     """Overlap scheduling: as the config says (None: on a GPU), unless the environment has
-    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, read where upstream reads it, in the scheduler, or
-    speculative decoding is on (chapter 24: a step's drafts and positions follow from how many
-    tokens the step before kept, so the host cannot build a step before the last one is done)."""
+    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, which overrides the config, or speculative decoding
+    is on (a step's drafts and positions follow from how many tokens the step before kept, so
+    the host cannot build a step before the last one is done)."""
     if disable_overlap_scheduling() or config.speculative:
         return False
     if config.overlap_scheduling is None:

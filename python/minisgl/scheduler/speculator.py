@@ -1,4 +1,4 @@
-"""The scheduler's speculative decode step (chapter 24): k drafts a request, run with its last
+"""The scheduler's speculative decode step: k drafts a request, run with its last
 token as one extend of k + 1 tokens, and the longest run the target agrees with kept."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from minisgl.speculative import DraftModel, NgramDrafter, accept_greedy, accept_
 from .cache import CacheManager
 from .config import SchedulerConfig
 
-Mask = Callable[[torch.Tensor], None]  # structured output's mask (chapter 23), by batch row
+Mask = Callable[[torch.Tensor], None]  # structured output's mask, by batch row
 
 
 @dataclass
@@ -121,8 +121,8 @@ class Speculator:
         return runs
 
     def _generator_for(self, req: Req) -> torch.Generator:
-        """A seeded request's own draws (chapter 4's rule: its seed and its step); else the
-        speculator's."""
+        """A seeded request's own draws (from its seed and its step, as the sampler's); else
+        the speculator's."""
         seed = row_seed(req.sampling_params.seed, req.num_sampled)
         return self._generator if seed is None else torch.Generator().manual_seed(seed)
 

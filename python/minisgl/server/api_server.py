@@ -120,7 +120,7 @@ class _Sampling(BaseModel):
     stream: bool = False
     stream_options: Dict[str, Any] | None = None
     ignore_eos: bool = False
-    # structured output (chapter 23): OpenAI's response_format, or SGLang's regex and ebnf
+    # structured output: OpenAI's response_format, or SGLang's regex and ebnf
     response_format: Dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None

@@ -1,11 +1,11 @@
-"""Start the server: the tokenizer worker and the scheduler process (chapter 12's ``Workers``),
+"""Start the server: the tokenizer worker and the scheduler process (``Workers``),
 then the HTTP API in this process, until a signal or a dying worker stops everything.
 
     API server --TokenizeMsg--> tokenizer --UserMsg--> scheduler
     API server <--UserReply-- detokenizer <--DetokenizeMsg-- scheduler
 
 With ``--tp-size N`` the scheduler is N processes, one per rank: rank 0 is the one above, and
-it hands every message on to ranks 1..N-1 (chapter 19).
+it hands every message on to ranks 1..N-1.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class SchedulerStats:
 
 
 class _PublishingLoop(SchedulerLoop):
-    """Chapter 12's loop, which also writes the scheduler's gauges after every step."""
+    """The scheduler's loop (``SchedulerLoop``), which also writes its gauges after every step."""
 
     def __init__(self, scheduler: Scheduler, stats: SchedulerStats):
         super().__init__(scheduler)
@@ -77,8 +77,8 @@ class _PublishingLoop(SchedulerLoop):
 
 def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
                   stats: Any, ready: Callable[[], None]) -> None:
-    """The scheduler process (rank 0), as chapter 12 runs it, with its gauges shared with
-    /metrics."""
+    """The scheduler process (rank 0): its loop over ``SchedulerIO``, with its gauges shared
+    with /metrics."""
     scheduler = start_rank(config)
     io = SchedulerIO(backend_addr, detokenizer_addr)
     loop = _PublishingLoop(scheduler, SchedulerStats(stats))
@@ -113,7 +113,7 @@ def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) 
         return
     deadline = time.monotonic() + 5.0
     while workers.failure is None and time.monotonic() < deadline:
-        time.sleep(0.01)  # chapter 12's watcher reaps the worker and names it; only it joins
+        time.sleep(0.01)  # the Workers' watcher reaps the worker and names it; only it joins
     message = workers.failure or "a worker process ended"
     logger.error("%s: answering 503 for %.1f s, then stopping", message, env.failure_grace_s())
     frontend.fail(message)

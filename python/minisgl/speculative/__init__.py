@@ -1,4 +1,4 @@
-"""Speculative decoding (chapter 24): cheap drafts of the next k tokens, all checked by the
+"""Speculative decoding: cheap drafts of the next k tokens, all checked by the
 target model in one forward, and kept as far as the target agrees."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Which draft tokens the target model keeps (chapter 24): exact for greedy decoding, and for
+"""Which draft tokens the target model keeps: exact for greedy decoding, and for
 sampling the rule that leaves the target's distribution as it was."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Structured output (chapter 23): constraints compiled by xgrammar, a matcher per request and
+"""Structured output: constraints compiled by xgrammar, a matcher per request and
 a token bitmask per constrained row of the logits."""
 
 from .grammar import Constraint, GrammarCompiler, RequestGrammar, constraint_of

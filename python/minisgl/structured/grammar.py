@@ -1,5 +1,5 @@
 """A request's constraint, compiled by xgrammar against the model's tokenizer, and the matcher
-that follows the request's tokens through it (chapter 23)."""
+that follows the request's tokens through it."""
 
 from __future__ import annotations
 

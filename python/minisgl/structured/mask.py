@@ -1,4 +1,4 @@
-"""The token bitmask of a batch's constrained rows, applied to their logits (chapter 23)."""
+"""The token bitmask of a batch's constrained rows, applied to their logits."""
 
 from __future__ import annotations
 

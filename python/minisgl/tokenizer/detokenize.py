@@ -60,7 +60,7 @@ def detokenize(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState]
     """Give each request its new ids (often one, maybe none) and return, per request, the text
     it may send now ("" when nothing is final yet). ``finished[i]`` says request i ends with
     these ids: what was held back is sent then. Leave out an EOS that ended a request, as
-    chapter 10 leaves it out of the text. After a stop string the request sends nothing more:
+    ``LLM`` leaves it out of the text. After a stop string the request sends nothing more:
     its ``finish_reason`` is "stop" and its ids are ignored.
 
     Every request's windows are decoded in two ``batch_decode`` calls per setting of

@@ -1,6 +1,6 @@
 """The tokenizer/detokenizer worker process: prompts from the frontend become token ids for the
 scheduler, and the tokens the scheduler sends back become text for the frontend, piece by piece
-(chapter 11's incremental detokenization). Stop strings are found here, on the text; the request
+(detokenize.py's incremental detokenization). Stop strings are found here, on the text; the request
 is then aborted in the scheduler so that its pages go back at once."""
 
 from __future__ import annotations

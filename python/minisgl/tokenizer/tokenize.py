@@ -12,8 +12,8 @@ Message = Dict[str, Any]  # {"role": "user", "content": "Hello"}
 
 
 def encode_text(tokenizer: PreTrainedTokenizerBase, text: str) -> List[int]:
-    """The tokenizer's ids for ``text``, special tokens added as it adds them (as chapter 10's
-    ``LLM`` encodes a prompt). The empty string is no tokens, for the scheduler to refuse."""
+    """The tokenizer's ids for ``text``, special tokens added as it adds them (as ``LLM``
+    encodes a prompt). The empty string is no tokens, for the scheduler to refuse."""
     if not isinstance(text, str):
         raise TypeError(f"a text prompt must be a str, got {type(text).__name__}")
     return list(tokenizer.encode(text)) if text else []

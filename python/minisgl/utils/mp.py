@@ -287,7 +287,7 @@ def _end_all(procs: Any) -> None:
 
 class Stopped(SystemExit):
     """SIGINT or SIGTERM in the main process. Uncaught, it exits with status 1 and its line; a
-    server that stops in order on a signal catches it and exits 0 (chapter 13)."""
+    server that stops in order on a signal catches it and exits 0."""
 
     def __init__(self, signum: int):
         self.signal_name = signal.Signals(signum).name

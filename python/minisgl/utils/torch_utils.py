@@ -27,7 +27,7 @@ def nbytes(dtype: torch.dtype) -> int:
 
 
 class StepTimer:
-    """Wall time per named phase of a step, summed over steps (chapter 15).
+    """Wall time per named phase of a step, summed over steps.
 
     ``phase(name)`` wraps one phase: when ``enabled`` it waits for the device at both edges, so
     a phase's time is its own GPU work and not the work it queued for later; when ``nvtx`` (on

@@ -80,7 +80,7 @@ class Context:
     """What every layer may need for the batch being run, in one place rather than passed down
     through every forward call. The engine makes one and sets it global."""
 
-    moe_backend: Any = None  # how MoE layers compute their experts (chapter 20); None if dense
+    moe_backend: Any = None  # how MoE layers compute their experts; None if dense
     _batch: Batch | None = field(default=None, repr=False)
 
     @property

@@ -64,7 +64,7 @@ class Req:
     table_idx: int = -1  # its row of the page table; -1 until it has one
     cached_len: int = 0  # tokens whose K and V are in the cache
     device_len: int = -1  # the next forward runs up to here; -1: every token so far
-    cache_handle: Any = None  # the prefix it shares with the prefix cache (chapter 7)
+    cache_handle: Any = None  # the prefix it shares with the prefix cache
 
     def __post_init__(self) -> None:
         if self.device_len < 0:
@@ -110,7 +110,7 @@ class Batch:
     one request after another, and gets one row of logits (its last token's) and one new token.
 
     The tensors are made just before its forward (by ``sequence_logits`` for one sequence; by
-    the engine, from chapter 6), T new tokens: input_ids, positions, out_loc: [T]; ``out_loc`` is
+    the engine for a batch), T new tokens: input_ids, positions, out_loc: [T]; ``out_loc`` is
     the KV slot each token's K and V go to.
     """
 
@@ -145,7 +145,7 @@ class Context:
     page_table: torch.Tensor | None = field(default=None, repr=False)
     attn_backend: BaseAttnBackend | None = None
     kv_cache: BaseKVCachePool | None = field(default=None, repr=False)
-    moe_backend: Any = None  # how MoE layers compute their experts (chapter 20); None if dense
+    moe_backend: Any = None  # how MoE layers compute their experts; None if dense
     _batch: Batch | None = field(default=None, repr=False)
 
     @property

@@ -29,5 +29,5 @@ def failure_grace_s() -> float:
 
 def disable_overlap_scheduling() -> bool:
     """``MINISGL_DISABLE_OVERLAP_SCHEDULING=1`` (or true, yes): the scheduler waits for each
-    batch's tokens before it schedules the next, whatever its config says (chapter 18)."""
+    batch's tokens before it schedules the next, whatever its config says."""
     return os.environ.get("MINISGL_DISABLE_OVERLAP_SCHEDULING", "").lower() in ("1", "true", "yes")

@@ -24,7 +24,7 @@ class SamplingParams:
     max_tokens: int = 128  # new tokens at most
     ignore_eos: bool = False  # go on past the end-of-sequence token
     seed: int | None = None  # draws of its own, whatever the batch; None: the sampler's
-    # structured output (chapter 23): at most one; None: free text
+    # structured output: at most one; None: free text
     json_schema: str | None = None  # JSON valid under this schema ("{}": any JSON)
     regex: str | None = None  # text this regular expression matches whole
     ebnf: str | None = None  # a sentence of this EBNF grammar, from its rule ``root``
@@ -73,7 +73,7 @@ class Req:
     table_idx: int = -1  # its row of the page table; -1 until it has one
     cached_len: int = 0  # tokens whose K and V are in the cache
     device_len: int = -1  # the next forward runs up to here; -1: every token so far
-    cache_handle: Any = None  # the prefix it shares with the prefix cache (chapter 7)
+    cache_handle: Any = None  # the prefix it shares with the prefix cache
 
     def __post_init__(self) -> None:
         if self.device_len < 0:
@@ -111,7 +111,7 @@ class Req:
 
     @property
     def num_sampled(self) -> int:
-        """Tokens sampled so far, a token still on its way to the host included (chapter 18)."""
+        """Tokens sampled so far, a token still on its way to the host included."""
         return max(self.device_len - len(self.input_ids), 0)
 
     @property
@@ -120,7 +120,7 @@ class Req:
         return self.device_len < self.max_len
 
     def sampled_on_device(self) -> None:
-        """A forward has sampled its next token, which the host does not have yet (chapter 18):
+        """A forward has sampled its next token, which the host does not have yet:
         the next forward runs it from the device, so it counts in ``device_len`` already."""
         self.device_len += 1
 
@@ -145,7 +145,7 @@ class Batch:
     one request after another, and gets one row of logits (its last token's) and one new token.
 
     The tensors are made just before its forward (by ``sequence_logits`` for one sequence; by
-    the engine, from chapter 6), T new tokens: input_ids, positions, out_loc: [T]; ``out_loc`` is
+    the engine for a batch), T new tokens: input_ids, positions, out_loc: [T]; ``out_loc`` is
     the KV slot each token's K and V go to.
     """
 
@@ -181,7 +181,7 @@ class Context:
     page_table: torch.Tensor | None = field(default=None, repr=False)
     attn_backend: BaseAttnBackend | None = None
     kv_cache: BaseKVCachePool | None = field(default=None, repr=False)
-    moe_backend: Any = None  # how MoE layers compute their experts (chapter 20); None if dense
+    moe_backend: Any = None  # how MoE layers compute their experts; None if dense
     _batch: Batch | None = field(default=None, repr=False)
 
     @property

@@ -27,7 +27,7 @@ class VocabParallelEmbedding(BaseOP):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # with several ranks, ids outside this rank's rows give zeros and the ranks' vectors are
-        # summed (chapter 19); one rank holds every row
+        # summed; one rank holds every row
         return F.embedding(input_ids, self.weight)
 
 

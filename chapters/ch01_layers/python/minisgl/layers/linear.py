@@ -88,5 +88,5 @@ class LinearRowParallel(_Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)
-        # with several ranks the partial sums are all-reduced here, before the bias (chapter 19)
+        # with several ranks the partial sums are all-reduced here, before the bias
         return y if self.bias is None else y + self.bias

@@ -24,5 +24,5 @@ class TPInfo:
 
 
 def get_tp_info() -> TPInfo:
-    """One rank holding every weight whole: tensor parallelism arrives in chapter 19."""
+    """The rank information of a single process: one rank holding every weight whole."""
     return TPInfo(rank=0, size=1)

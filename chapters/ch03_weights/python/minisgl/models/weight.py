@@ -77,7 +77,6 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> Iterator[Tuple[s
     pending: Dict[str, Tuple[List[str], Dict[str, torch.Tensor]]] = {}
     embedding, has_lm_head = None, False
     for name, tensor in iter_checkpoint(model_dir):
-        # (chapter 19 cuts this rank's shard of the tensor here, before merging)
         if name == "model.embed_tokens.weight":
             embedding = tensor
         has_lm_head = has_lm_head or name == "lm_head.weight"

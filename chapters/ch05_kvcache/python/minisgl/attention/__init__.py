@@ -1,5 +1,4 @@
-"""Attention backends, chosen by name: "torch" (the reference, the default on a CPU); chapter 16
-adds "triton" for GPUs."""
+"""Attention backends, chosen by name: "torch", the reference and the default."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The KV cache: the pool that holds every cached token's K and V (and, from chapter 7, the
-prefix caches that let requests share them)."""
+"""The KV cache: the pool that holds every cached token's K and V, and the prefix caches that
+let requests share them."""
 
 from __future__ import annotations
 

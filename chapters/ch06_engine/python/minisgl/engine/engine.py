@@ -23,7 +23,7 @@ class Engine:
 
     It owns the page table, whose rows the scheduler hands out, and the KV pool, whose pages the
     scheduler hands out; the engine only reads them. Page ``num_pages`` (the last) is a dummy
-    page, never handed out: a padding request's row points at it (CUDA graphs, chapter 17).
+    page, never handed out: a padding request's row points at it (CUDA graphs).
     """
 
     def __init__(self, config: EngineConfig):

@@ -74,7 +74,7 @@ class Scheduler:
     def _schedule_prefill(self) -> Batch | None:
         """Admit waiting requests in order while there is a row, pages for all they may still
         need on top of what the running ones may need, and room in the token budget (the first
-        one always fits the budget: a prompt is never split before chapter 9)."""
+        one always fits the budget: this scheduler never splits a prompt)."""
         budget = self.config.max_extend_tokens
         reserved = self.decode_manager.reserved_pages(self.page_size)
         admitted: List[Req] = []

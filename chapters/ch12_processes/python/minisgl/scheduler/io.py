@@ -1,5 +1,5 @@
 """The scheduler process: requests come in over ZMQ, each step's new tokens go out to the
-detokenizer. The Scheduler itself (chapters 7-9) is unchanged; this file puts sockets around it."""
+detokenizer. This file puts sockets around the Scheduler, which knows nothing of them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Start the server: the tokenizer worker and the scheduler process (chapter 12's ``Workers``),
+"""Start the server: the tokenizer worker and the scheduler process (``Workers``),
 then the HTTP API in this process, until a signal or a dying worker stops everything.
 
     API server --TokenizeMsg--> tokenizer --UserMsg--> scheduler
@@ -58,7 +58,7 @@ class SchedulerStats:
 
 
 class _PublishingLoop(SchedulerLoop):
-    """Chapter 12's loop, which also writes the scheduler's gauges after every step."""
+    """The scheduler's loop (``SchedulerLoop``), which also writes its gauges after every step."""
 
     def __init__(self, scheduler: Scheduler, stats: SchedulerStats):
         super().__init__(scheduler)
@@ -73,7 +73,8 @@ class _PublishingLoop(SchedulerLoop):
 
 def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
                   stats: Any, ready: Callable[[], None]) -> None:
-    """The scheduler process, as chapter 12 runs it, with its gauges shared with /metrics."""
+    """The scheduler process: its loop over ``SchedulerIO``, with its gauges shared with
+    /metrics."""
     scheduler = Scheduler(config)
     io = SchedulerIO(backend_addr, detokenizer_addr)
     loop = _PublishingLoop(scheduler, SchedulerStats(stats))
@@ -104,7 +105,7 @@ def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) 
         return
     deadline = time.monotonic() + 5.0
     while workers.failure is None and time.monotonic() < deadline:
-        time.sleep(0.01)  # chapter 12's watcher reaps the worker and names it; only it joins
+        time.sleep(0.01)  # the Workers' watcher reaps the worker and names it; only it joins
     message = workers.failure or "a worker process ended"
     logger.error("%s: answering 503 for %.1f s, then stopping", message, env.failure_grace_s())
     frontend.fail(message)

@@ -27,7 +27,7 @@ class BatchSamplingArgs:
         greedy = [p.is_greedy for p in params]
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_k, top_p = [p.top_k for p in params], [p.top_p for p in params]
-        # one host-to-device copy, not four: each costs tens of microseconds on a GPU (ch15)
+        # one host-to-device copy, not four: each costs tens of microseconds on a GPU
         rows = torch.tensor([temperatures, top_k, top_p, greedy], dtype=torch.float64)
         rows = rows.to(device, non_blocking=True)
         return cls(
@@ -76,7 +76,7 @@ class Sampler:
         if args.all_greedy:
             return greedy_ids
         probs = torch.softmax(logits.float() / args.temperatures[:, None], dim=-1)
-        if args.any_filter:  # the sort of [B, V] costs more than the rest of sampling (ch15)
+        if args.any_filter:  # the sort of [B, V] costs more than the rest of sampling
             probs = top_k_top_p_filter(probs, args.top_k, args.top_p)
         drawn = torch.multinomial(probs, 1, generator=self._generator).squeeze(1)
         for row, seed in enumerate(args.row_seeds):

@@ -23,7 +23,7 @@ class Engine:
 
     It owns the page table, whose rows the scheduler hands out, and the KV pool, whose pages the
     scheduler hands out; the engine only reads them. Page ``num_pages`` (the last) is a dummy
-    page, never handed out: a padding request's row points at it (CUDA graphs, chapter 17).
+    page, never handed out: a padding request's row points at it (CUDA graphs).
     """
 
     def __init__(self, config: EngineConfig):
@@ -58,7 +58,7 @@ class Engine:
 
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
-        # where a step's time goes (chapter 15); the scheduler times its own phases with it
+        # where a step's time goes; the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
 
     def _used_memory(self) -> int:

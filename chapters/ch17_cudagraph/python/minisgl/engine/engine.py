@@ -24,7 +24,7 @@ class Engine:
 
     It owns the page table, whose rows the scheduler hands out, and the KV pool, whose pages the
     scheduler hands out; the engine only reads them. Page ``num_pages`` (the last) is a dummy
-    page, never handed out: a padding request's row points at it (CUDA graphs, chapter 17).
+    page, never handed out: a padding request's row points at it (CUDA graphs).
     """
 
     def __init__(self, config: EngineConfig):
@@ -59,7 +59,7 @@ class Engine:
 
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
-        # where a step's time goes (chapter 15); the scheduler times its own phases with it
+        # where a step's time goes; the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
         self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
                                         self._graph_max_bs(), self.device)
@@ -70,7 +70,7 @@ class Engine:
     def _graph_max_bs(self) -> int:
         """The largest decode batch run as a CUDA graph: ``cuda_graph_max_bs``, by default
         every batch up to 256 on a GPU. 0 when the forward cannot be captured: the torch
-        backend's Python loop, or MoE layers that read expert counts on the host (chapter 20).
+        backend's Python loop, or MoE layers, which read expert counts on the host.
         On a CPU only a maximum given explicitly pads batches, to show how."""
         asked, on_gpu = self.config.cuda_graph_max_bs, self.device.type == "cuda"
         capturable = self.attn_backend.supports_cuda_graph and not self.model_config.is_moe
@@ -159,7 +159,6 @@ class Engine:
 
     def shutdown(self) -> None:
         """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
-        which the global context would otherwise keep alive; chapter 19 adds the process
-        groups."""
+        which the global context would otherwise keep alive."""
         self.graph_runner.destroy()
         self.ctx.kv_cache = self.ctx.page_table = None

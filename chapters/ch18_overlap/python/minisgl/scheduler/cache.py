@@ -65,7 +65,7 @@ class CacheManager:
         since this one was admitted: its row then points at the cache's slots, its own are freed.
 
         Only tokens the host has go to the cache, less the last (never run without overlap):
-        with overlap (chapter 18) a later forward may have cached more, so the cache holds the
+        with overlap a later forward may have cached more, so the cache holds the
         same tokens with overlap on and off. A finished request's pages are freed to the end.
         """
         n, old = min(req.cached_len, len(req.all_ids) - 1), req.cache_handle

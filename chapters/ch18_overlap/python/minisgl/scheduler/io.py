@@ -1,5 +1,5 @@
 """The scheduler process: requests come in over ZMQ, each step's new tokens go out to the
-detokenizer. This file puts sockets around the Scheduler (chapters 7-9, 18)."""
+detokenizer. This file puts sockets around the Scheduler."""
 
 from __future__ import annotations
 

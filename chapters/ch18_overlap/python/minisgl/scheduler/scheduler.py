@@ -1,5 +1,5 @@
 """The scheduler: requests in, one batch per step, tokens out (continuous batching); with
-overlap scheduling (chapter 18) the next batch is launched before this one's tokens are back."""
+overlap scheduling the next batch is launched before this one's tokens are back."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Scheduler:
     until there is a row for it and pages for everything it may still generate, so a running
     request never runs out of pages.
 
-    With overlap scheduling (chapter 18) a step launches batch k+1 before it processes batch k's
+    With overlap scheduling a step launches batch k+1 before it processes batch k's
     tokens, so the host's work hides behind the device's. Batch k+1 may then hold a request that
     batch k finished (at EOS): its token is dropped, and the request's row and pages are given
     back only once no launched batch can read them.
@@ -171,7 +171,7 @@ class Scheduler:
         """Give the request's pages to the prefix cache (finished: its row back too), at once
         when no batch is in flight, else when it is done: it may read them still (a request
         that finished at EOS runs once more in it), and a page or row handed out again now
-        would be written while it runs (upstream's illegal memory accesses, chapter 18)."""
+        would be written while it runs."""
         if finished:
             self._released.add(req)
         if self._in_flight is None:
@@ -188,7 +188,7 @@ class Scheduler:
 
 def _use_overlap(config: SchedulerConfig, device: torch.device) -> bool:
     """Overlap scheduling: as the config says (None: on a GPU), unless the environment has
-    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, read where upstream reads it, in the scheduler."""
+    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, which overrides the config."""
     if disable_overlap_scheduling():
         return False
     if config.overlap_scheduling is None:

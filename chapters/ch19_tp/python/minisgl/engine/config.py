@@ -26,7 +26,7 @@ class EngineConfig:
     # decode batches up to this size run as CUDA graphs; None: 256 on a GPU, none on a CPU
     cuda_graph_max_bs: int | None = None
     tp_size: int = 1  # tensor parallelism: ranks (processes, one GPU each) sharing every layer
-    tp_rank: int = 0  # which of them this process is (set by the launcher, chapter 19)
+    tp_rank: int = 0  # which of them this process is (set by the launcher)
     dist_init_addr: str | None = None  # where the ranks meet: "file://..." or "tcp://host:port"
 
     def __post_init__(self) -> None:

@@ -29,7 +29,7 @@ class Engine:
 
     It owns the page table, whose rows the scheduler hands out, and the KV pool, whose pages the
     scheduler hands out; the engine only reads them. Page ``num_pages`` (the last) is a dummy
-    page, never handed out: a padding request's row points at it (CUDA graphs, chapter 17).
+    page, never handed out: a padding request's row points at it (CUDA graphs).
     """
 
     def __init__(self, config: EngineConfig):
@@ -57,7 +57,7 @@ class Engine:
                              table_idx=config.max_running_req)
         self.page_table[self.dummy_req.table_idx].fill_(num_slots)
         # the token each row sampled last, for the next forward to read where the host does not
-        # have it yet (overlap scheduling, chapter 18); the dummy row's stays 0
+        # have it yet (overlap scheduling); the dummy row's stays 0
         self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.long,
                                        device=self.device)
 
@@ -68,7 +68,7 @@ class Engine:
 
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(self.device)
         self.sampler = Sampler(self.device, seed=config.seed)
-        # where a step's time goes (chapter 15); the scheduler times its own phases with it
+        # where a step's time goes; the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
         self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
                                         self._graph_max_bs(), self.device)
@@ -79,7 +79,7 @@ class Engine:
     def _graph_max_bs(self) -> int:
         """The largest decode batch run as a CUDA graph: ``cuda_graph_max_bs``, by default
         every batch up to 256 on a GPU. 0 when the forward cannot be captured: the torch
-        backend's Python loop, or MoE layers that read expert counts on the host (chapter 20).
+        backend's Python loop, or MoE layers, which read expert counts on the host.
         On a CPU only a maximum given explicitly pads batches, to show how."""
         asked, on_gpu = self.config.cuda_graph_max_bs, self.device.type == "cuda"
         capturable = self.attn_backend.supports_cuda_graph and not self.model_config.is_moe
@@ -111,7 +111,7 @@ class Engine:
         if num_pages is None:
             by_budget = self._kv_budget(used_before) // self.bytes_per_page()
             num_pages = min(by_budget, self._most_pages_needed(max_seq_len))
-            num_pages = min_across_ranks(num_pages)  # every rank schedules alike (chapter 19)
+            num_pages = min_across_ranks(num_pages)  # every rank schedules alike
         if num_pages < 1:
             raise ValueError("no memory left for the KV cache: give num_pages or more memory")
         logger.info("KV cache: %d pages of %d tokens", num_pages, self.config.page_size)
@@ -134,7 +134,7 @@ class Engine:
         given already): input_ids, positions, table_rows and out_loc [T], the rows whose logits
         are sampled (each request's last token), then the attention metadata.
 
-        A token the host does not have yet (sampled by the batch before, chapter 18) is read
+        A token the host does not have yet (sampled by the batch before) is read
         from ``last_tokens`` on the device. Nothing here waits for the device."""
         reqs = batch.reqs
         ids = [t for r in reqs for t in _host_ids(r)]
@@ -175,12 +175,12 @@ class Engine:
                 req.complete_forward()
             tokens = self.sampler.sample(logits.float(), self.sampler.prepare(batch))
             rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
-            self.last_tokens[rows[: batch.size]] = tokens  # for the next forward (chapter 18)
+            self.last_tokens[rows[: batch.size]] = tokens  # the next forward reads them here
             return tokens
 
     def start_copy_to_host(self, tokens: torch.Tensor) -> HostTokens:
         """Start copying sampled tokens to the host without waiting for them: on a GPU into
-        pinned memory, with an event recorded after the copy (chapter 18)."""
+        pinned memory, with an event recorded after the copy."""
         if self.device.type != "cuda":
             return HostTokens(tokens)
         host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -192,14 +192,14 @@ class Engine:
     def shutdown(self) -> None:
         """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
         which the global context would otherwise keep alive. Under tensor parallelism the
-        process that runs the rank leaves its group (chapter 19)."""
+        process that runs the rank leaves its group."""
         self.graph_runner.destroy()
         self.ctx.kv_cache = self.ctx.page_table = None
 
 
 @dataclass
 class HostTokens:
-    """A batch's sampled tokens on their way to the host (chapter 18). ``tolist`` waits for
+    """A batch's sampled tokens on their way to the host. ``tolist`` waits for
     their copy alone (its event), not for the batches the device was given after it."""
 
     tokens: torch.Tensor  # [B]; on a GPU pinned host memory that the copy is still filling

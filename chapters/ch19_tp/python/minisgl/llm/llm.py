@@ -18,7 +18,7 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.utils import check_request
 
 Prompt = str | Sequence[int]  # text, or token ids
-# upstream mini-sglang's option names -> ours, so that its scripts run unchanged (chapter 15)
+# upstream mini-sglang's option names -> ours, so that its scripts run unchanged
 UPSTREAM_OPTIONS = {"max_seq_len_override": "max_seq_len", "num_page_override": "num_pages",
                     "use_dummy_weight": "dummy_weights"}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")

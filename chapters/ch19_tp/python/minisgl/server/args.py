@@ -1,4 +1,5 @@
-"""The server's command line: upstream's flag names, parsed into ``ServerArgs``."""
+"""The server's command line, parsed into ``ServerArgs``; the flags are mini-sglang's, so its
+commands run here unchanged."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ class ServerArgs(SchedulerConfig):
     """The engine's options (``SchedulerConfig``) and where and how to serve them."""
 
     host: str = "127.0.0.1"  # this machine only, unless asked otherwise
-    port: int = 1919  # upstream's default
+    port: int = 1919  # mini-sglang's port, so its clients need no change
     api_key: str | None = None  # when set, every request needs "Authorization: Bearer KEY"
-    shell: bool = False  # the interactive shell (chapter 14) instead of the HTTP server
+    shell: bool = False  # the interactive shell instead of the HTTP server
     shutdown_timeout: float = 5.0  # on SIGTERM/SIGINT: seconds the replies under way may take
 
     def __post_init__(self) -> None:

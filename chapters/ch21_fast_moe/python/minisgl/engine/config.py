@@ -19,7 +19,7 @@ class EngineConfig:
     max_running_req: int = 64  # rows of the page table: requests in flight at once
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # "torch"; "auto": the best one for the device
-    moe_backend: str = "auto"  # "torch", "fused", "fast"; "auto": fast on a GPU (chapter 21)
+    moe_backend: str = "auto"  # "torch", "fused", "fast"; "auto": "fast" on a GPU
     seed: int = 0  # of the sampler's generator
     dummy_weights: bool = False  # random weights on the device, from config.json alone
     profile_steps: bool = False  # time each step's phases (synchronizes at their edges)
@@ -27,7 +27,7 @@ class EngineConfig:
     # decode batches up to this size run as CUDA graphs; None: 256 on a GPU, none on a CPU
     cuda_graph_max_bs: int | None = None
     tp_size: int = 1  # tensor parallelism: ranks (processes, one GPU each) sharing every layer
-    tp_rank: int = 0  # which of them this process is (set by the launcher, chapter 19)
+    tp_rank: int = 0  # which of them this process is (set by the launcher)
     dist_init_addr: str | None = None  # where the ranks meet: "file://..." or "tcp://host:port"
 
     def __post_init__(self) -> None:
