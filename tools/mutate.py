@@ -1,7 +1,7 @@
 """Mutation testing of minisgl: plant one small bug at a time and see whether a test notices.
 
-    python tools/mutate.py                                    # the five packages below
-    python tools/mutate.py python/minisgl/kernel/fused_moe.py # a later package's file
+    python tools/mutate.py                                    # every file of every package
+    python tools/mutate.py --sample 40                        # 40 mutants of each package
     python tools/mutate.py python/minisgl/scheduler/cache.py  # one file (or one package folder)
     python tools/mutate.py --list python/minisgl/llm          # only print the mutants
 
@@ -9,12 +9,15 @@ Each mutant is one classic edit of one file (a comparison flipped or off by one,
 ``*``/``//``, an integer constant +1/-1, ``and``/``or``, a ``not`` dropped, ``True``/``False``, a
 returned value replaced by ``None``, a call or assignment deleted, a slice bound shifted). It is
 written over the file in a private copy of the repository (``--workdir``, a git repository of its
-own, never the checkout's files, which other people's test runs read), the chapter tests that
-exercise the package run with ``pytest -x`` and a timeout, and the file is restored. A mutant is
-killed when a test fails or times out. Only the tests that execute the mutated line run, fastest
-first (per-test coverage of one unmutated run); a mutant on a line no test executes survives
-without a run. Results are kept in the workdir, so a second run only re-runs the survivors (and
-only when the tests changed): interrupt it and start it again at will.
+own, never the checkout's files, which other people's test runs read), the tests of the chapters
+that add, change or import the file (steps.yaml, read through tools/stepslib) run with ``pytest
+-x`` and a timeout, and the file is restored. A mutant is killed when a test fails or times out.
+Only the tests that execute the mutated line run, fastest first (per-test coverage of one
+unmutated run, the servers and workers the tests start included); a mutant on a line no test
+executes survives without a run. ``--sample N`` runs a fixed-seed sample of N mutants of each
+package, and the run ends with a table of kill rates by package. Results are kept in the
+workdir, so a second run only re-runs the survivors (and only when the tests changed): interrupt
+it and start it again at will.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ast
 import bisect
+import functools
 import hashlib
 import io
 import json
@@ -37,20 +41,12 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT / "tools") not in sys.path:  # stepslib, the book's model, beside this file
+    sys.path.insert(0, str(ROOT / "tools"))
+
+from stepslib.book import Book, load_book  # noqa: E402
+
 PACKAGE = Path("python/minisgl")
-# Which chapters' tests exercise each package (kvcache, say, is built in ch05 and used by ch07-08).
-PACKAGE_CHAPTERS = {
-    "kvcache": ("ch05", "ch07", "ch08"),
-    "scheduler": ("ch07", "ch08", "ch09", "ch10"),
-    "engine": ("ch04", "ch06", "ch07"),
-    "attention": ("ch05", "ch06"),
-    "llm": ("ch10",),
-    # later packages, named on the command line only: the chapters that add or change each file
-    # (steps.yaml) choose its tests; their kernels run in Triton's interpreter
-    "kernel": (),
-    "moe": (),
-}
-LAST_CHAPTER = max(c for cs in PACKAGE_CHAPTERS.values() for c in cs)  # by default, files to here
 COPIED = ("python", "tests", "examples", "pyproject.toml")  # what the tests need of the tree
 DEFAULT_WORKDIR = Path("/tmp/minisgl-mutate")
 
@@ -268,7 +264,9 @@ def prepare_workdir(workdir: Path, repo: Path = ROOT) -> None:
         src = repo / name
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
         shutil.copytree(src, target, ignore=ignore) if src.is_dir() else shutil.copy2(src, target)
-    (workdir / ".gitignore").write_text("__pycache__/\n.mutate/\n.hypothesis/\n.coverage*\n")
+    ignored = ["__pycache__/", ".mutate/", ".hypothesis/", ".coverage*",
+               *(f"python/{name}" for name in HELPERS)]  # the baseline's, if one was cut off
+    (workdir / ".gitignore").write_text("".join(f"{line}\n" for line in ignored))
     if not (workdir / ".git").exists():
         _git(workdir, "init", "-q")
     _git(workdir, "add", "-A")
@@ -301,39 +299,79 @@ def run_mutant(workdir: Path, mutant: Mutant, run: Callable[[], str]) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Which tests to run for a line: per-test coverage of one run of every chapter's tests.
+# Which chapters test a file: the book says (steps.yaml, through tools/stepslib).
 
 
-def _book_chapters(repo: Path = ROOT) -> list[dict]:
-    import yaml
-
-    book = yaml.safe_load((repo / "steps.yaml").read_text())
-    return [chapter for stage in book["stages"] for chapter in stage["chapters"]]
+@functools.lru_cache(maxsize=None)
+def _book(repo: Path) -> Book:
+    return load_book(repo)
 
 
-def _in_steps(file: Path, chapter: dict, lists: tuple[str, ...] = ("new", "modified")) -> bool:
-    name = file.relative_to(PACKAGE.parent).as_posix()  # steps.yaml's paths: minisgl/...
-    return any(name in (chapter.get(key) or []) for key in lists)
+def package_of(file: Path) -> str:
+    """``engine`` for python/minisgl/engine/sample.py; ``root`` for core.py, env.py, shell.py."""
+    return file.parts[2] if len(file.parts) > 3 else "root"
+
+
+def _module_file(module: str, repo: Path) -> str | None:
+    """minisgl.engine.sample -> minisgl/engine/sample.py (book paths), if the file exists."""
+    base = repo / PACKAGE.parent / module.replace(".", "/")
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate.relative_to(repo / PACKAGE.parent).as_posix()
+    return None
+
+
+def _imports(tree: ast.AST, package: str = "") -> set[str]:
+    """Modules an AST imports, at the top or inside functions: ``from a.b import c`` gives a.b
+    and a.b.c (c may be a module). Relative imports resolve against ``package``."""
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def imported_files(test: Path, repo: Path) -> frozenset[str]:
+    """The package files (book paths, minisgl/...) a test file imports: directly, or through a
+    package's ``__init__`` that re-exports them (``from minisgl.scheduler import Scheduler``
+    imports scheduler/scheduler.py)."""
+    files = {f for m in _imports(ast.parse(test.read_text(encoding="utf-8")))
+             if m.split(".")[0] == PACKAGE.name and (f := _module_file(m, repo))}
+    for init in [f for f in files if f.endswith("/__init__.py")]:
+        package = init.removesuffix("/__init__.py").replace("/", ".")
+        tree = ast.parse((repo / PACKAGE.parent / init).read_text(encoding="utf-8"))
+        files |= {f for m in _imports(tree, package)
+                  if m.startswith(package + ".") and (f := _module_file(m, repo))}
+    return frozenset(files)
 
 
 def chapters_of(file: Path, repo: Path = ROOT) -> tuple[str, ...]:
-    """The chapters whose tests exercise a file: its package's, and those that add or change it
-    (steps.yaml), so that a file a later chapter adds is tested by that chapter too."""
-    own = {c["id"] for c in _book_chapters(repo) if _in_steps(file, c)}
-    return tuple(sorted(set(PACKAGE_CHAPTERS[file.parts[2]]) | own))
+    """The chapters whose tests exercise a file: those that add or change it (steps.yaml's
+    ``new`` and ``modified``), and those whose tests import it."""
+    book, name = _book(repo), file.relative_to(PACKAGE.parent).as_posix()
+    writes = {w.chapter.id for w in book.history.get(name, [])}
+    importers = {c.id for c in book.chapters
+                 if any(name in imported_files(repo / t, repo) for t in c.tests)}
+    return tuple(sorted(writes | importers))
 
 
-def _chapter_tests(workdir: Path, chapters: Iterable[str]) -> list[str]:
-    return sorted(str(p.relative_to(workdir)) for c in chapters
-                  for p in (workdir / "tests").glob(f"test_{c}_*.py"))
+def tests_of(chapters: Iterable[str], repo: Path = ROOT) -> list[str]:
+    """The test files of the chapters (repository paths), as steps.yaml lists them."""
+    wanted = set(chapters)
+    return sorted({t for c in _book(repo).chapters if c.id in wanted for t in c.tests})
 
 
-def _tests_hash(workdir: Path) -> str:
-    digest = hashlib.sha256()
-    for name in COPIED:
-        for p in sorted((workdir / name).rglob("*.py")) if (workdir / name).is_dir() else []:
-            digest.update(p.read_bytes())
-    return digest.hexdigest()[:16]
+# ---------------------------------------------------------------------------------------------
+# Which tests to run for a line: per-test coverage of one run of the tests, every process they
+# start included (servers, workers, a shell in a pseudo-terminal).
 
 
 def _pytest_env(workdir: Path) -> dict[str, str]:
@@ -343,101 +381,376 @@ def _pytest_env(workdir: Path) -> dict[str, str]:
             "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 
+def _hash_files(paths: Iterable[Path]) -> str:
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(p.as_posix().encode() + b"\0" + p.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def _tests_hash(workdir: Path) -> str:
+    """Of every .py file copied: a survivor runs again when any of them changed."""
+    return _hash_files(p for name in COPIED if (workdir / name).is_dir()
+                       for p in sorted((workdir / name).rglob("*.py")))
+
+
+def _code_hash(workdir: Path) -> str:
+    """Of what every test file's coverage depends on besides itself: the package, the examples
+    (tiny_models.py) and the test folder's shared files (conftest.py, helpers.py)."""
+    shared = [p for p in sorted((workdir / "tests").rglob("*.py"))
+              if not p.name.startswith("test_")]
+    return _hash_files([*sorted((workdir / "python").rglob("*.py")),
+                        *sorted((workdir / "examples").rglob("*.py")), *shared])
+
+
 @dataclass
 class Baseline:
     tests_hash: str
-    chapters: list[str]  # whose tests ran
-    durations: dict[str, float]  # test function (file::name) -> seconds, params summed
-    lines: dict[str, dict[str, list[str]]]  # file -> line -> test functions that ran it
+    durations: dict[str, float]  # test (file::function) -> seconds, params and phases summed
+    setups: dict[str, float]  # test file -> its longest setup (a module's server starting)
+    lines: dict[str, dict[str, list[str]]]  # file -> line -> tests that ran it
     imported: dict[str, list[int]]  # file -> lines run while importing (no test's own)
+    failing: list[str]  # tests that fail unmutated: never chosen
+
+    def merge(self, other: Baseline) -> None:
+        self.durations.update(other.durations)
+        for test_file, seconds in other.setups.items():
+            self.setups[test_file] = max(seconds, self.setups.get(test_file, 0.0))
+        for path, by_line in other.lines.items():
+            mine = self.lines.setdefault(path, {})
+            for n, tests in by_line.items():
+                mine[n] = sorted(set(mine.get(n, [])) | set(tests))
+        for path, numbers in other.imported.items():
+            self.imported[path] = sorted(set(self.imported.get(path, [])) | set(numbers))
+        self.failing = sorted(set(self.failing) | set(other.failing))
 
 
-def measure_baseline(workdir: Path, chapters: list[str]) -> Baseline:
-    """Run the chapters' tests once, unmutated, under coverage with a context per test."""
+# Written into the copy's python/ for the baseline only (the tests' servers and workers put that
+# folder on their PYTHONPATH, whatever else they change), and active only where MUTATE_RC is
+# set: every Python process the tests start measures itself, under the context of the test
+# that is running (the pytest process writes its name to a file; the others follow the file).
+SITECUSTOMIZE = '''\
+import os
+
+if os.environ.get("MUTATE_RC"):
+    import threading
+    import time
+
+    import coverage
+
+    _cov = coverage.Coverage(config_file=os.environ["MUTATE_RC"], data_suffix=True)
+    _cov._warn_no_data = _cov._warn_unimported_source = _cov._warn_preimported_source = False
+    _cov._auto_save = True  # saved at exit (and, by the rc's sigterm, on SIGTERM)
+    _cov.start()
+
+    def _follow(path: str) -> None:
+        seen = ""
+        while True:
+            try:
+                with open(path) as f:
+                    test = f.read()
+            except OSError:
+                test = ""
+            if test and test != seen:
+                seen = test
+                try:
+                    _cov.switch_context(test)
+                except Exception:
+                    pass
+            time.sleep(0.05)
+
+    if os.environ.get("MUTATE_FOLLOW"):  # a process the tests started, not pytest itself
+        threading.Thread(target=_follow, args=(os.environ["MUTATE_CURRENT"],),
+                         daemon=True).start()
+'''
+
+PLUGIN = '''\
+import json
+import os
+
+import coverage
+import pytest
+
+_durations, _setups, _failing = {}, {}, set()
+
+
+def pytest_configure(config):
+    os.environ["MUTATE_FOLLOW"] = "1"  # for the processes the tests start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    test = item.nodeid.split("[")[0]
+    current = coverage.Coverage.current()
+    if current is not None:
+        current.switch_context(test)
+    path = os.environ["MUTATE_CURRENT"]
+    with open(path + ".tmp", "w") as f:
+        f.write(test)
+    os.replace(path + ".tmp", path)
+
+
+def pytest_runtest_logreport(report):
+    test = report.nodeid.split("[")[0]
+    _durations[test] = _durations.get(test, 0.0) + report.duration
+    if report.when == "setup":
+        module = test.split("::")[0]
+        _setups[module] = max(_setups.get(module, 0.0), report.duration)
+    if report.failed:
+        _failing.add(test)
+
+
+def pytest_sessionfinish(session):
+    with open(os.environ["MUTATE_REPORT"], "w") as f:
+        json.dump({"durations": _durations, "setups": _setups, "failing": sorted(_failing)}, f)
+'''
+HELPERS = ("sitecustomize.py", "_mutate_baseline.py")  # the two files above, in python/
+
+
+def measure_baseline(workdir: Path, test_files: list[str],
+                     timeout: float = 3 * 3600) -> Baseline:
+    """Coverage of the test files, unmutated, with a context per test. Kept per test file under
+    ``.mutate/baseline/`` and measured again only for files that changed (or whose package,
+    examples or shared test files did): a new test costs its own file's run."""
     state = workdir / ".mutate"
-    state.mkdir(exist_ok=True)
-    cached, tests_hash = state / "baseline.json", _tests_hash(workdir)
-    if cached.exists():
+    cache = state / "baseline"
+    cache.mkdir(parents=True, exist_ok=True)
+    code_hash = _code_hash(workdir)
+    baseline = Baseline(_tests_hash(workdir), {}, {}, {}, {}, [])
+    missing = []
+    for test_file in test_files:
+        key = _hash_files([workdir / test_file]) + code_hash
+        cached = cache / (Path(test_file).stem + ".json")
         try:
-            baseline = Baseline(**json.loads(cached.read_text()))
-        except TypeError:  # written by an older version of this tool
-            baseline = None
-        if baseline and baseline.tests_hash == tests_hash \
-                and set(chapters) <= set(baseline.chapters):
-            return baseline
-    rc = state / "coveragerc"
-    rc.write_text(f"[run]\ndynamic_context = test_function\nsource = {workdir / PACKAGE}\n"
-                  f"data_file = {state / 'coverage'}\n")
-    junit = state / "junit.xml"
-    print(f"baseline: the tests of {', '.join(chapters)} under coverage ...", flush=True)
-    cmd = [sys.executable, "-m", "coverage", "run", f"--rcfile={rc}", "-m", "pytest", "-q",
-           "-p", "no:randomly", f"--junitxml={junit}", *_chapter_tests(workdir, chapters)]
-    started = time.monotonic()
-    done = subprocess.run(cmd, cwd=workdir, env=_pytest_env(workdir), capture_output=True,
-                          text=True)
-    if done.returncode != 0:
-        sys.exit(f"the unmutated tests fail in {workdir}:\n{done.stdout[-3000:]}")
-    print(f"baseline: {time.monotonic() - started:.0f} s", flush=True)
-    lines, imported = _coverage_lines(workdir, state)
-    if not lines:
-        sys.exit("coverage saw no line of the copy's minisgl: the tests imported another one")
-    baseline = Baseline(tests_hash, chapters, _durations(junit), lines, imported)
-    cached.write_text(json.dumps(asdict(baseline)))
+            stored = json.loads(cached.read_text())
+        except (OSError, ValueError):
+            stored = {}
+        if stored.get("key") == key:
+            baseline.merge(Baseline(**stored["baseline"]))
+        else:
+            missing.append(test_file)
+    if missing:
+        measured = _measure(workdir, missing, timeout)
+        for test_file in missing:
+            key = _hash_files([workdir / test_file]) + code_hash
+            part = _part_of(measured, test_file)
+            (cache / (Path(test_file).stem + ".json")).write_text(
+                json.dumps({"key": key, "baseline": asdict(part)}))
+            baseline.merge(part)
+    if baseline.failing:
+        print(f"baseline: {len(baseline.failing)} tests fail unmutated and are never chosen: "
+              + ", ".join(baseline.failing), flush=True)
     return baseline
 
 
-def _durations(junit: Path) -> dict[str, float]:
-    import xml.etree.ElementTree as ET
+def _part_of(measured: Baseline, test_file: str) -> Baseline:
+    """The share of one test file in a baseline measured over several."""
+    mine = lambda test: test.split("::")[0] == test_file  # noqa: E731
+    lines = {path: {n: [t for t in tests if mine(t)] for n, tests in by_line.items()}
+             for path, by_line in measured.lines.items()}
+    return Baseline(
+        measured.tests_hash, {t: s for t, s in measured.durations.items() if mine(t)},
+        {f: s for f, s in measured.setups.items() if f == test_file},
+        {path: {n: ts for n, ts in by_line.items() if ts} for path, by_line in lines.items()},
+        measured.imported, [t for t in measured.failing if mine(t)])
 
-    durations: dict[str, float] = {}
-    for case in ET.parse(junit).iter("testcase"):
-        module = case.get("classname", "").split(".")[-1]
-        name = f"tests/{module}.py::{case.get('name', '').split('[')[0]}"
-        durations[name] = durations.get(name, 0.0) + float(case.get("time", 0))
-    return durations
+
+def _measure(workdir: Path, test_files: list[str], timeout: float) -> Baseline:
+    state = workdir / ".mutate"
+    data = state / "coverage"
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir()
+    rc = state / "coveragerc"
+    rc.write_text(f"[run]\nsource = {workdir / PACKAGE}\ndata_file = {data / 'coverage'}\n"
+                  "parallel = true\nsigterm = true\n")
+    report_file, current = state / "baseline-report.json", state / "current-test"
+    report_file.unlink(missing_ok=True)
+    current.write_text("")
+    env = {**_pytest_env(workdir), "MUTATE_RC": str(rc), "MUTATE_CURRENT": str(current),
+           "MUTATE_REPORT": str(report_file)}
+    env.pop("MUTATE_FOLLOW", None)
+    for name, text in zip(HELPERS, (SITECUSTOMIZE, PLUGIN)):
+        (workdir / "python" / name).write_text(text)
+    print(f"baseline: {len(test_files)} test files under coverage ...", flush=True)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_mutate_baseline", "-p", "no:randomly",
+           *test_files]
+    started = time.monotonic()
+    try:
+        done = _run_group(cmd, workdir, env, timeout, state / "baseline.log")
+    finally:
+        for name in HELPERS:
+            (workdir / "python" / name).unlink(missing_ok=True)
+    print(f"baseline: {time.monotonic() - started:.0f} s", flush=True)
+    if not report_file.exists():
+        sys.exit(f"the baseline run of the tests in {workdir} did not finish "
+                 f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+    report = json.loads(report_file.read_text())
+    lines, imported = _coverage_lines(workdir, rc, data)
+    if not lines:
+        sys.exit("coverage saw no line of the copy's minisgl: the tests imported another one")
+    return Baseline(_tests_hash(workdir), report["durations"], report["setups"], lines,
+                    imported, report["failing"])
 
 
-def _coverage_lines(workdir: Path, state: Path) -> tuple[dict, dict]:
-    from coverage import CoverageData
+def _run_group(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float,
+               log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a command in a process group of its own; whatever it leaves running, or all of it on
+    a timeout, is killed by that group (and, for what left the group, as our descendant). Its
+    output goes to a file: a server left behind would hold a pipe open."""
+    log = log or Path(cwd) / ".mutate-run.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            _kill_group(proc.pid)
+            proc.wait()
+    text = log.read_text(errors="replace")
+    return subprocess.CompletedProcess(cmd, proc.returncode, text, "")
 
-    data = CoverageData(basename=str(state / "coverage"))
-    data.read()
+
+def _coverage_lines(workdir: Path, rc: Path, data: Path) -> tuple[dict, dict]:
+    from coverage import Coverage, CoverageData
+
+    combiner = Coverage(config_file=str(rc))
+    combiner.combine([str(data)], strict=True)
+    combiner.save()
+    covered = CoverageData(basename=str(data / "coverage"))
+    covered.read()
     lines: dict[str, dict[str, list[str]]] = {}
     imported: dict[str, list[int]] = {}
-    for measured in data.measured_files():
+    for measured in covered.measured_files():
         path = str(Path(measured).relative_to(workdir))
-        by_line = data.contexts_by_lineno(measured)
-        lines[path] = {str(n): sorted(_test_id(c) for c in ctx if c) for n, ctx in by_line.items()}
+        by_line = covered.contexts_by_lineno(measured)
+        lines[path] = {str(n): sorted(c for c in ctx if c) for n, ctx in by_line.items()}
         imported[path] = sorted(n for n, ctx in by_line.items() if "" in ctx)
     return lines, imported
 
 
-def _test_id(context: str) -> str:
-    module, _, function = context.rpartition(".")  # e.g. "test_ch07_scheduler.test_x"
-    return f"tests/{module.split('.')[-1]}.py::{function}"
+@functools.lru_cache(maxsize=256)
+def _scopes(source: str) -> list[tuple[int, int, int]]:
+    """(first line, last line, first line of the body) of every def and class, innermost last."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            found.append((node.lineno, node.end_lineno or node.lineno, node.body[0].lineno))
+    return sorted(found, key=lambda s: (s[0], -s[1]))
 
 
-def tests_for(mutant: Mutant, baseline: Baseline, package_tests: list[str]) -> list[str] | None:
+def _scope_lines(mutant: Mutant, original: str) -> range | None:
+    """The lines whose tests may see a mutant on a line run only at import: a def's signature
+    (a default) -> the def's; a class body's statement -> the class's; else the whole file."""
+    inner = None
+    for first, last, _body in _scopes(original):
+        if first <= mutant.line <= last:
+            inner = (first, last)
+    return range(inner[0], inner[1] + 1) if inner else None
+
+
+def tests_for(mutant: Mutant, baseline: Baseline, package_tests: list[str],
+              original: str = "") -> list[str] | None:
     """The package's tests that run the mutant's line or its statement's first line (the rest
     of a statement of several lines may be skipped: ``a and b`` on two lines), fastest first.
-    None: no test runs it. A line run while importing (a def, a class attribute) may matter
-    to any test: all run."""
-    files = set(package_tests)
+    None: no test runs it. A line run while importing (a def's defaults, a class attribute, a
+    module constant) may matter to any test that runs its def, class or file: those run."""
+    files, failing = set(package_tests), set(baseline.failing)
     by_line = baseline.lines.get(mutant.path, {})
     lines = {mutant.line, mutant.statement}
     covering = {t for n in lines for t in by_line.get(str(n), [])}
     if lines & set(baseline.imported.get(mutant.path, [])):
-        covering |= {t for t in baseline.durations}
-    chosen = [t for t in covering if t.split("::")[0] in files]
+        scope = _scope_lines(mutant, original) if original else None
+        inside = by_line.items() if scope is None else \
+            ((n, ts) for n, ts in by_line.items() if int(n) in scope)
+        covering |= {t for _n, ts in inside for t in ts}
+    chosen = [t for t in covering if t.split("::")[0] in files and t not in failing]
     if not chosen:
         return None
     return sorted(chosen, key=lambda t: (baseline.durations.get(t, 0.0), t))
 
 
+def timeout_for(tests: list[str], baseline: Baseline) -> float:
+    """Three times the tests' time, each module's longest setup (a server started by a fixture
+    that another test set up in the baseline) and 30 s: past that, a mutant hangs."""
+    seconds = sum(baseline.durations.get(t, 1.0) for t in tests)
+    seconds += sum(baseline.setups.get(f, 0.0) for f in {t.split("::")[0] for t in tests})
+    return 3 * seconds + 30
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: a mutant's tests start servers and workers; none may outlive the mutant.
+
+
+def _set_subreaper() -> None:
+    """Orphans of the tests (a server whose parent died, a shell in a session of its own) are
+    handed to this process rather than to init, so that _kill_descendants finds them."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live process below ``root``, from /proc's parent links (Linux)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        fields = text[text.rfind(")") + 2:].split()
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, or stopped: not gone and not a zombie (a zombie's parent reaps it)."""
+    try:
+        text = (Path("/proc") / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2:].split()[0] != "Z"
+
+
+def _kill_group(pid: int) -> None:
+    """Kill the process group ``pid`` leads and every other descendant of this process (a
+    child that called setsid, like pexpect's, left the group), each by its id, and wait until
+    they are gone, reaping those handed to us. ``pid`` itself is left to its caller to reap."""
+    others = [p for p in _descendants(os.getpid()) if p != pid]
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for child in others:
+        try:
+            os.kill(child, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 10
+    while others and time.monotonic() < deadline:
+        for child in others:
+            try:
+                os.waitpid(child, os.WNOHANG)
+            except ChildProcessError:  # not ours (still under its parent), or reaped already
+                pass
+        others = [p for p in others if _alive(p)]
+        time.sleep(0.02) if others else None
+
+
 class ForkRunner:
     """Runs pytest in a fork of this process, which has already imported torch, transformers
     and pytest and made the tiny models once: a mutant then costs its tests, not 5-10 s of
-    start-up. This process never imports minisgl, so each fork imports the file as mutated."""
+    start-up. This process never imports minisgl, so each fork imports the file as mutated.
+    The fork leads a process group of its own, killed when it ends or times out."""
 
     def __init__(self, workdir: Path):
         self.workdir = workdir
@@ -472,6 +785,7 @@ class ForkRunner:
         if pid == 0:  # the child: run the tests, never return into the caller's code
             code = 3
             try:
+                os.setpgid(0, 0)
                 quiet = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(quiet, 1), os.dup2(quiet, 2)
                 os.chdir(self.workdir)
@@ -480,37 +794,61 @@ class ForkRunner:
                 code = int(pytest.main(["-x", "-q", "-p", "no:cacheprovider", *tests]))
             finally:
                 os._exit(code)
+        try:
+            os.setpgid(pid, pid)  # also here: no race with a kill before the child set it
+        except (ProcessLookupError, PermissionError):
+            pass
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return "survived" if os.waitstatus_to_exitcode(status) == 0 else "killed"
-            time.sleep(0.05)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        return "timeout"
+        try:
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    return "survived" if os.waitstatus_to_exitcode(status) == 0 else "killed"
+                time.sleep(0.05)
+            return "timeout"
+        finally:
+            _kill_group(pid)
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
 
 
 # ---------------------------------------------------------------------------------------------
-# The run: files, results kept between runs, the table.
+# The run: files, a sample of each package's mutants, results kept between runs, the table.
 
 
 def target_files(targets: list[str], repo: Path = ROOT) -> list[Path]:
     """The .py files (relative to the repository) of the packages or files named; by default
-    those of the five packages that chapters up to LAST_CHAPTER add."""
-    names = targets or [str(PACKAGE / p) for p in PACKAGE_CHAPTERS if (repo / PACKAGE / p).is_dir()]
+    every one of python/minisgl, root modules (core.py, env.py, shell.py, ...) included."""
+    names = targets or [str(PACKAGE)]
     files: list[Path] = []
     for name in names:
         path = (repo / name).resolve()
         found = sorted(path.rglob("*.py")) if path.is_dir() else [path]
         files += [p.relative_to(repo) for p in found if "__pycache__" not in p.parts]
     for f in files:
-        if f.parts[:2] != PACKAGE.parts or len(f.parts) < 4 or f.parts[2] not in PACKAGE_CHAPTERS:
-            sys.exit(f"{f}: not a file of the packages {', '.join(PACKAGE_CHAPTERS)}")
-    if not targets:
-        early = {c["id"]: c for c in _book_chapters(repo) if c["id"] <= LAST_CHAPTER}
-        files = [f for f in files if any(_in_steps(f, c, ("new",)) for c in early.values())]
-    return files
+        if f.parts[:2] != PACKAGE.parts or len(f.parts) < 3 or f.suffix != ".py":
+            sys.exit(f"{f}: not a .py file of {PACKAGE}")
+    return sorted(set(files), key=lambda f: (package_of(f), f))
+
+
+def sample(mutants: list[Mutant], n: int | None, seed: int = 0) -> list[Mutant]:
+    """A fixed-seed sample of ``n`` mutants (all when n is None), in their order. Each mutant's
+    rank is a hash of the seed and what it is (file, line, kind, the mutated line, which of its
+    equals it is), not of the whole file: an edit elsewhere in a package changes the choice
+    only by the mutants it adds or removes."""
+    if n is None or n >= len(mutants):
+        return list(mutants)
+    seen: dict[tuple, int] = {}
+    ranked = []
+    for m in mutants:
+        what = (m.path, m.line, m.kind, m.mutated_line)
+        seen[what] = seen.get(what, -1) + 1
+        rank = hashlib.sha256(repr((seed, *what, seen[what])).encode()).hexdigest()
+        ranked.append((rank, m))
+    chosen = {id(m) for _r, m in sorted(ranked, key=lambda r: r[0])[:n]}
+    return [m for m in mutants if id(m) in chosen]
 
 
 def _load_results(path: Path) -> dict[str, dict]:
@@ -519,24 +857,23 @@ def _load_results(path: Path) -> dict[str, dict]:
     return {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def mutate_file(workdir: Path, file: Path, baseline: Baseline, results: dict[str, dict],
-                log: Path, runner: ForkRunner) -> list[dict]:
-    package_tests = _chapter_tests(workdir, chapters_of(file))
-    source = (workdir / file).read_text(encoding="utf-8")
+def mutate(workdir: Path, mutants: list[Mutant], baseline: Baseline, results: dict[str, dict],
+           log: Path, runner: ForkRunner) -> list[dict]:
     rows = []
-    for mutant in mutants_of(source, str(file)):
+    for mutant in mutants:
         old = results.get(mutant.key)
         if old and (old["status"] in ("killed", "timeout") or
                     old["tests_hash"] == baseline.tests_hash):
             rows.append(old)
             continue
-        tests = tests_for(mutant, baseline, package_tests)
+        file = Path(mutant.path)
+        original = (workdir / file).read_text(encoding="utf-8")
+        tests = tests_for(mutant, baseline, tests_of(chapters_of(file)), original)
         started = time.monotonic()
         if tests is None:
             status = "not covered"
         else:
-            budget = sum(baseline.durations.get(t, 1.0) for t in tests)
-            status = run_mutant(workdir, mutant, runner(tests, timeout=3 * budget + 30))
+            status = run_mutant(workdir, mutant, runner(tests, timeout_for(tests, baseline)))
         row = dict(key=mutant.key, path=mutant.path, line=mutant.line, kind=mutant.kind,
                    mutated=mutant.mutated_line, status=status, tests_hash=baseline.tests_hash,
                    seconds=round(time.monotonic() - started, 1))
@@ -549,16 +886,44 @@ def mutate_file(workdir: Path, file: Path, baseline: Baseline, results: dict[str
     return rows
 
 
-def report(rows_by_file: dict[Path, list[dict]]) -> None:
+def counts(rows: list[dict]) -> dict[str, int]:
+    count = {s: sum(r["status"] == s for r in rows)
+             for s in ("killed", "timeout", "survived", "not covered")}
+    return {"mutants": len(rows), **count}
+
+
+def _rate(count: dict[str, int]) -> str:
+    dead = count["killed"] + count["timeout"]
+    return f"{100 * dead / count['mutants']:.1f}%" if count["mutants"] else "-"
+
+
+def summary_table(rows_by_package: dict[str, list[dict]], totals: dict[str, int]) -> str:
+    """The per-package table (Markdown): mutants run of all made, killed (timeouts among them),
+    survived, not covered (no test runs the line), kill rate."""
+    out = ["| package | mutants | of | killed | (timeouts) | survived | not covered | "
+           "kill rate |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    every: list[dict] = []
+    for package, rows in rows_by_package.items():
+        every += rows
+        c = counts(rows)
+        out.append(f"| `{package}` | {c['mutants']} | {totals[package]} | "
+                   f"{c['killed'] + c['timeout']} | {c['timeout']} | {c['survived']} | "
+                   f"{c['not covered']} | {_rate(c)} |")
+    c = counts(every)
+    out.append(f"| all | {c['mutants']} | {sum(totals.values())} | "
+               f"{c['killed'] + c['timeout']} | {c['timeout']} | {c['survived']} | "
+               f"{c['not covered']} | {_rate(c)} |")
+    return "\n".join(out)
+
+
+def report(rows_by_file: dict[Path, list[dict]], totals: dict[str, int]) -> None:
     print(f"\n{'file':44s} {'mutants':>7s} {'killed':>6s} {'t/out':>5s} {'surv':>4s} "
           f"{'uncov':>5s} {'killed%':>7s} {'sec':>6s}")
     packages: dict[str, list[dict]] = {}
     for file, rows in rows_by_file.items():
-        packages.setdefault(file.parts[2], []).extend(rows)
-        _report_line(str(file.relative_to(PACKAGE)), rows)
-    print()
-    for package, rows in packages.items():
-        _report_line(f"{package}/ (all)", rows)
+        packages.setdefault(package_of(file), []).extend(rows)
+        if rows:
+            _report_line(str(file.relative_to(PACKAGE)), rows)
     survivors = [r for rows in rows_by_file.values() for r in rows
                  if r["status"] in ("survived", "not covered")]
     if survivors:
@@ -566,30 +931,38 @@ def report(rows_by_file: dict[Path, list[dict]]) -> None:
     for r in survivors:
         note = " (no test runs this line)" if r["status"] == "not covered" else ""
         print(f"  {r['path']}:{r['line']}  {r['kind']}{note}\n      {r['mutated']}")
+    print("\n" + summary_table(packages, totals))
 
 
 def _report_line(name: str, rows: list[dict]) -> None:
-    count = {s: sum(r["status"] == s for r in rows)
-             for s in ("killed", "timeout", "survived", "not covered")}
-    dead = count["killed"] + count["timeout"]
-    rate = f"{100 * dead / len(rows):.1f}" if rows else "-"
+    c = counts(rows)
     seconds = sum(r["seconds"] for r in rows)
-    print(f"{name:44s} {len(rows):7d} {count['killed']:6d} {count['timeout']:5d} "
-          f"{count['survived']:4d} {count['not covered']:5d} {rate:>7s} {seconds:6.0f}")
+    print(f"{name:44s} {c['mutants']:7d} {c['killed']:6d} {c['timeout']:5d} "
+          f"{c['survived']:4d} {c['not covered']:5d} {_rate(c):>7s} {seconds:6.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("targets", nargs="*", help="files or package folders under python/minisgl")
+    parser.add_argument("targets", nargs="*",
+                        help="files or package folders under python/minisgl (default: all)")
     parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
                         help=f"the private copy the mutants are written in ({DEFAULT_WORKDIR})")
+    parser.add_argument("--sample", type=int, metavar="N",
+                        help="run a fixed-seed sample of N mutants of each package")
+    parser.add_argument("--seed", type=int, default=0, help="the sample's seed (0)")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     parser.add_argument("--fresh", action="store_true", help="forget the results of earlier runs")
     args = parser.parse_args(argv)
     files = target_files(args.targets)
+    by_package: dict[str, list[Mutant]] = {}
+    for file in files:
+        source = (ROOT / file).read_text(encoding="utf-8")
+        by_package.setdefault(package_of(file), []).extend(mutants_of(source, str(file)))
+    totals = {p: len(ms) for p, ms in by_package.items()}
+    chosen = {p: sample(ms, args.sample, args.seed) for p, ms in by_package.items()}
     if args.list:
-        for file in files:
-            for m in mutants_of((ROOT / file).read_text(encoding="utf-8"), str(file)):
+        for package, mutants in chosen.items():
+            for m in mutants:
                 print(f"{m.path}:{m.line}  {m.kind}: {m.mutated_line}")
         return 0
     workdir = args.workdir.resolve()
@@ -597,23 +970,29 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("--workdir must be outside the repository: mutants are written there")
     prepare_workdir(workdir)
     check_imports_the_copy(workdir)
+    _set_subreaper()  # before the baseline: its tests start servers too
     log = workdir / ".mutate" / "results.jsonl"
     if args.fresh:
         log.unlink(missing_ok=True)
     started = time.monotonic()
-    baseline = measure_baseline(workdir, sorted({c for f in files for c in chapters_of(f)}))
+    wanted = {Path(m.path) for ms in chosen.values() for m in ms}
+    test_files = sorted({t for f in wanted for t in tests_of(chapters_of(f))})
+    baseline = measure_baseline(workdir, test_files)
     results = _load_results(log)
     runner, rows = ForkRunner(workdir), {}
     try:
-        for file in files:
-            print(f"{file}:", flush=True)
-            rows[file] = mutate_file(workdir, file, baseline, results, log, runner)
+        for package, mutants in chosen.items():
+            print(f"{package}/: {len(mutants)} of {totals[package]} mutants", flush=True)
+            done = mutate(workdir, mutants, baseline, results, log, runner)
+            for file in files:
+                if package_of(file) == package:
+                    rows[file] = [r for r in done if r["path"] == str(file)]
     finally:
         clean = unchanged_in_git(workdir)
         print(f"\nworkdir {workdir}: " + ("every file restored (git status clean)" if clean
                                           else "FILES LEFT CHANGED: see git status there"))
-    report(rows)
-    print(f"\n{time.monotonic() - started:.0f} s")
+    report(rows, totals)
+    print(f"\n{time.monotonic() - started:.0f} s, {time.strftime('%Y-%m-%d')}")
     return 0 if clean else 1
 
 
