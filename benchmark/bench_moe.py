@@ -18,7 +18,7 @@ lines side by side:
    bandwidth, FLOPs / bf16 peak); FLOPs = 2*T*k*H*2I + 2*T*k*I*H. Both ceilings are measured at
    the start of the run: a device-to-device copy of 4 GiB (read plus write bytes, best of 5) and
    an 8192^3 bf16 matmul (best of 10).
-4. ch21 fast: chapter 21's ``FastMoeBackend``, replayed from a CUDA graph.
+4. ch21 fast: chapter 21's ``SyncFreeMoeBackend``, replayed from a CUDA graph.
 
 A timed call runs ``--layers`` layers back to back, each with its own weights, as a model's
 consecutive MoE layers run in one decode step's graph; the time is per layer. Replaying a
@@ -62,7 +62,7 @@ from minisgl.moe.base import select_experts  # noqa: E402
 from minisgl.moe.torch_backend import TorchMoeBackend  # noqa: E402
 
 # the modules chapter 21 adds: a line that needs one of them is "not available" without it
-CH21_MODULES = {"minisgl.moe.fast", "minisgl.kernel.moe_routing"}
+CH21_MODULES = {"minisgl.moe.sync_free", "minisgl.kernel.moe_routing"}
 CHECKED_UP_TO = 512  # tokens: the fp32 reference is checked for T up to this
 LINES = ["ch20 fused", "tuned baseline", "roofline", "ch21 fast"]
 Forward = Callable[..., torch.Tensor]
@@ -165,9 +165,9 @@ def make_lines() -> Dict[str, Forward | None]:
     from moe_baseline import TunedBaselineMoe
 
     def load_fast() -> Forward:
-        from minisgl.moe.fast import FastMoeBackend
+        from minisgl.moe.sync_free import SyncFreeMoeBackend
 
-        return FastMoeBackend().forward
+        return SyncFreeMoeBackend().forward
 
     lines: Dict[str, Forward | None] = {"ch20 fused": FusedMoeBackend().forward}
     for name, load in [("tuned baseline", lambda: TunedBaselineMoe().forward),

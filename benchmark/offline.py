@@ -3,7 +3,7 @@ goes, and how far a decode step is from the bandwidth floor (chapter 15).
 
     PYTHONPATH=python python benchmark/offline.py --shape qwen3-0.6b [--num-seqs 32]
         [--max-output 128] [--compare hf] [--breakdown] [--busy] [--profile DIR] [--nvtx]
-        [--tp-size 2] [--moe-backend fast]
+        [--tp-size 2] [--moe-backend sync_free]
     PYTHONPATH=python python benchmark/offline.py --model PATH ...
 
 The workload is nano-vllm's bench.py, draw for draw (examples/ch15_measure.py): 256 sequences,
@@ -89,7 +89,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tp-size", type=int, default=1,
                    help="tensor parallelism: ranks, one GPU each (chapter 19)")
     p.add_argument("--moe-backend", default=None,
-                   help="MoE backend: torch, fused (chapter 20), fast (chapter 21); default: auto")
+                   help="MoE backend: torch, fused (chapter 20), sync_free (chapter 21); "
+                   "default: auto")
     p.add_argument("--max-running-req", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--max-extend-tokens", type=int, default=16384)

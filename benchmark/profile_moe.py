@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from bench_moe import QWEN3_30B_A3B, graph_of, make_weights, median_ms  # noqa: E402
 from minisgl.kernel.moe_routing import align, route  # noqa: E402
 from minisgl.moe.configs import get_config  # noqa: E402
-from minisgl.moe.fast import FastMoeBackend  # noqa: E402
+from minisgl.moe.sync_free import SyncFreeMoeBackend  # noqa: E402
 
 
 def kernel_us(call: Callable[[], object], iters: int) -> Dict[str, float]:
@@ -91,7 +91,7 @@ def main() -> int:
         return 1
     shape, device = QWEN3_30B_A3B, "cuda"
     w1, w2 = make_weights(shape, device)
-    backend = FastMoeBackend()
+    backend = SyncFreeMoeBackend()
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
     for tokens in map(int, args.tokens.split(",")):
         torch.manual_seed(tokens)

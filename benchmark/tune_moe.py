@@ -46,7 +46,7 @@ from minisgl.moe.configs import (  # noqa: E402
     config_file_name,
     default_config,
 )
-from minisgl.moe.fast import FastMoeBackend  # noqa: E402
+from minisgl.moe.sync_free import SyncFreeMoeBackend  # noqa: E402
 
 DEFAULT_TOKENS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
 Gemm = Dict[str, int]
@@ -184,7 +184,7 @@ def tune_decode(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
                 w1: torch.Tensor, w2: torch.Tensor) -> MoeConfig:
     """The first GEMM's best with the heuristic's second, then the second's best: each timed
     as the whole three-launch layer, routing included."""
-    backend = FastMoeBackend()
+    backend = SyncFreeMoeBackend()
     start = default_config(1, args.topk, args.experts)
 
     def layer(gate_up: Gemm, down_cfg: Gemm) -> Callable[[], None]:

@@ -1,5 +1,5 @@
 """Chapter 21: chapter 20's routing and alignment moved onto the GPU's side (no count read back
-to the host), the tile sizes each batch size gets, and both of the fast MoE's paths against the
+to the host), the tile sizes each batch size gets, and both of the sync-free MoE's paths against the
 reference.
 
 The Triton kernels run on a CPU in interpreter mode (TRITON_INTERPRET=1 must be set before
@@ -13,8 +13,8 @@ os.environ["TRITON_INTERPRET"] = "1"
 import torch  # noqa: E402
 from minisgl.kernel.moe_routing import align, max_tiles, route  # noqa: E402
 from minisgl.moe.configs import default_config, load_tuned, nearest  # noqa: E402
-from minisgl.moe.fast import FastMoeBackend  # noqa: E402
 from minisgl.moe.fused import moe_align_block_size  # noqa: E402
+from minisgl.moe.sync_free import SyncFreeMoeBackend  # noqa: E402
 from minisgl.moe.torch_backend import TorchMoeBackend  # noqa: E402
 
 torch.manual_seed(0)
@@ -48,10 +48,10 @@ for tokens in (1, 16, 17, 64, 512, 4096):
 x, gating = torch.randn(37, H), torch.randn(37, E)
 w1, w2 = torch.randn(E, 2 * I, H) * 0.1, torch.randn(E, H, I) * 0.1
 want = TorchMoeBackend().forward(x, w1, w2, gating, K, renormalize=True)
-fast = FastMoeBackend()
+sync_free = SyncFreeMoeBackend()
 print()
 for tokens in (3, 37):  # 3 tokens take the decode path (three launches), 37 the aligned one
-    got = fast.forward(x[:tokens], w1, w2, gating[:tokens], K, renormalize=True)
+    got = sync_free.forward(x[:tokens], w1, w2, gating[:tokens], K, renormalize=True)
     err = (got - want[:tokens]).abs().max().item()
     print(f"{tokens} tokens, {default_config(tokens, K, E)['path']} path, against the "
           f"reference: max error below 1e-6: {err < 1e-6}")

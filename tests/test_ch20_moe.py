@@ -196,8 +196,8 @@ def test_moe_mlp_weights_and_which_layers_have_experts(tiny_models) -> None:
 def test_engine_creates_the_moe_backend(tiny_models) -> None:
     from minisgl.moe import MOE_BACKENDS, TorchMoeBackend, create_moe_backend
 
-    fast = importlib.util.find_spec("minisgl.moe.fast") is not None  # chapter 21's, later
-    names = ["fast", "fused", "torch"] if fast else ["fused", "torch"]
+    sync_free = importlib.util.find_spec("minisgl.moe.sync_free") is not None  # a later one
+    names = ["fused", "sync_free", "torch"] if sync_free else ["fused", "torch"]
     assert isinstance(create_moe_backend("cpu"), TorchMoeBackend)
     assert MOE_BACKENDS.names() == names
     known = ", ".join(names)
@@ -208,7 +208,7 @@ def test_engine_creates_the_moe_backend(tiny_models) -> None:
 
         assert isinstance(create_moe_backend("cuda", "fused"), FusedMoeBackend)
         auto = type(create_moe_backend("cuda")).__name__  # the best one on a GPU
-        assert auto == ("FastMoeBackend" if fast else "FusedMoeBackend")
+        assert auto == ("SyncFreeMoeBackend" if sync_free else "FusedMoeBackend")
     llm = build_llm(tiny_models["qwen3moe"])
     from minisgl.core import get_global_ctx
 

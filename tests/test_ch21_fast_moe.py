@@ -2,9 +2,10 @@
 chapter 20's ``select_experts`` and ``moe_align_block_size``; the gate_up GEMM with SiLU fused and
 the down GEMM against torch on the same sorted pairs; the backend's two paths (aligned, decode)
 against the reference and a literal loop; the configs per batch size and the tuned file; the
-registry; the tiny Qwen3-MoE through ``LLM`` with the fast backend equal to transformers. All in
-Triton's interpreter on a CPU, on small shapes with edge cases (experts with no token, all tokens
-to one expert, T=1, T not a multiple of a block). On CUDA: Qwen3-30B-A3B's shape, CUDA graphs."""
+registry; the tiny Qwen3-MoE through ``LLM`` with the sync-free backend equal to transformers.
+All in Triton's interpreter on a CPU, on small shapes with edge cases (experts with no token, all
+tokens to one expert, T=1, T not a multiple of a block). On CUDA: Qwen3-30B-A3B's shape, CUDA
+graphs."""
 
 from __future__ import annotations
 
@@ -437,13 +438,13 @@ BACKEND_CASES = [  # tokens, experts, k, hot expert: T=1, experts with no token,
 
 def _run_backend(config: Dict[str, Any] | None, tokens: int, num_experts: int, topk: int,
                  hot: int | None, renormalize: bool) -> None:
-    from minisgl.moe.fast import FastMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
     from minisgl.moe.torch_backend import TorchMoeBackend
 
     torch.manual_seed(tokens * 10 + topk)
     x, gating = torch.randn(tokens, 40), _gating(tokens, num_experts, hot)
     w1, w2 = _weights(num_experts, 40, 20)
-    backend = FastMoeBackend()
+    backend = SyncFreeMoeBackend()
     if config is None:
         got = backend.forward(x, w1, w2, gating, topk, renormalize)
     else:
@@ -484,10 +485,10 @@ def test_forward_picks_a_config_and_matches_the_reference(tokens, num_experts, t
 
 @interpreted
 def test_forward_of_no_tokens() -> None:
-    from minisgl.moe.fast import FastMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
 
     w1, w2 = _weights(4, 40, 20)
-    out = FastMoeBackend().forward(torch.empty(0, 40), w1, w2, torch.empty(0, 4), 2, True)
+    out = SyncFreeMoeBackend().forward(torch.empty(0, 40), w1, w2, torch.empty(0, 4), 2, True)
     assert out.shape == (0, 40)
 
 
@@ -594,25 +595,25 @@ def test_nearest_stays_on_the_path_of_the_token_count() -> None:
 # ---- registry and the engine ------------------------------------------------------------------
 
 
-def test_fast_backend_is_registered_and_capturable() -> None:
+def test_sync_free_backend_is_registered_and_capturable() -> None:
     from minisgl.moe import MOE_BACKENDS, TorchMoeBackend, create_moe_backend
 
-    assert {"torch", "fused", "fast"} <= set(MOE_BACKENDS.names())
+    assert {"torch", "fused", "sync_free"} <= set(MOE_BACKENDS.names())
     assert isinstance(create_moe_backend("cpu"), TorchMoeBackend)  # auto: the reference
     assert not TorchMoeBackend.supports_cuda_graph
     if not HAS_TRITON:
         return
-    from minisgl.moe.fast import FastMoeBackend
     from minisgl.moe.fused import FusedMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
 
-    assert isinstance(create_moe_backend("cuda"), FastMoeBackend)  # auto on a GPU: the fast one
-    assert isinstance(create_moe_backend("cpu", "fast"), FastMoeBackend)
-    assert FastMoeBackend.supports_cuda_graph and not FusedMoeBackend.supports_cuda_graph
+    assert isinstance(create_moe_backend("cuda"), SyncFreeMoeBackend)  # auto on a GPU
+    assert isinstance(create_moe_backend("cpu", "sync_free"), SyncFreeMoeBackend)
+    assert SyncFreeMoeBackend.supports_cuda_graph and not FusedMoeBackend.supports_cuda_graph
 
 
 @pytest.mark.parametrize("backend, moe, asked, want", [
-    ("fast", True, None, 8), ("fused", True, None, 0), ("torch", True, None, 0),
-    ("fused", False, None, 8), ("fast", True, 4, 4), ("fused", True, 4, 0)])
+    ("sync_free", True, None, 8), ("fused", True, None, 0), ("torch", True, None, 0),
+    ("fused", False, None, 8), ("sync_free", True, 4, 4), ("fused", True, 4, 0)])
 def test_graph_max_bs_on_a_gpu_needs_a_capturable_moe(backend, moe, asked, want) -> None:
     """Engine._graph_max_bs with a GPU's device: an MoE model gets graphs only from a backend
     that reads nothing on the host (only the logic: no GPU is touched)."""
@@ -647,23 +648,23 @@ def _record_paths(backend: Any) -> list:
 
 @interpreted
 @pytest.mark.parametrize("family", ["qwen3moe", "qwen3moe_nonorm"])
-def test_tiny_qwen3_moe_with_the_fast_backend_matches_hf(tiny_models, family) -> None:
-    """The engine with moe_backend="fast" (Triton's interpreter): the prefill of both prompts
+def test_tiny_qwen3_moe_with_the_sync_free_backend_matches_hf(tiny_models, family) -> None:
+    """The engine with moe_backend="sync_free" (Triton's interpreter): the prefill of both prompts
     takes the aligned path (more than DECODE_MAX_TOKENS tokens), each decode step the decode
     path; norm_topk_prob true and false."""
     from minisgl.core import get_global_ctx
     from minisgl.llm import LLM
     from minisgl.moe.configs import DECODE_MAX_TOKENS
-    from minisgl.moe.fast import FastMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
 
     path = tiny_models[family]
     prompts = ["The quick brown fox jumps over the lazy dog, and then", [7, 7, 1, 2, 9, 3]]
     assert sum(len(encode(path, p)) for p in prompts) > DECODE_MAX_TOKENS
     llm = LLM(str(path), device="cpu", page_size=4, num_pages=256, max_running_req=8,
-              max_extend_tokens=256, moe_backend="fast")
+              max_extend_tokens=256, moe_backend="sync_free")
     try:
         backend = get_global_ctx().moe_backend
-        assert isinstance(backend, FastMoeBackend)
+        assert isinstance(backend, SyncFreeMoeBackend)
         seen = _record_paths(backend)
         out = llm.generate(prompts, greedy(5))
     finally:
@@ -686,16 +687,16 @@ def _qwen3_30b_inputs(tokens: int) -> tuple[torch.Tensor, ...]:
 
 @on_cuda
 @pytest.mark.parametrize("tokens", [1, 2, 16, 17, 64, 129, 1000, 4096, 16384])
-def test_fast_at_qwen3_30b_a3b_shape(tokens: int) -> None:
+def test_sync_free_at_qwen3_30b_a3b_shape(tokens: int) -> None:
     """E=128, top-8, H=2048, I=768 in bf16 against the reference in fp32 on the same values:
     the config get_config picks, and each path the token count allows."""
     from minisgl.moe.configs import DECODE_MAX_TOKENS, default_config
-    from minisgl.moe.fast import FastMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
     from minisgl.moe.torch_backend import TorchMoeBackend
 
     x, w1, w2, gating = _qwen3_30b_inputs(tokens)
     want = TorchMoeBackend().forward(x.float(), w1.float(), w2.float(), gating, 8, True)
-    backend = FastMoeBackend()
+    backend = SyncFreeMoeBackend()
     runs = {"picked": backend.forward(x, w1, w2, gating, 8, True),
             "aligned": backend.forward_with(default_config(max(tokens, DECODE_MAX_TOKENS + 1),
                                                            8, 128), x, w1, w2, gating, 8, True)}
@@ -725,12 +726,12 @@ def test_decode_launched_early_equals_launched_in_order(tokens: int) -> None:
 
 @on_cuda
 @pytest.mark.parametrize("tokens", [4, 64])
-def test_fast_under_a_cuda_graph_equals_eager(tokens: int) -> None:
+def test_sync_free_under_a_cuda_graph_equals_eager(tokens: int) -> None:
     """Captured once, replayed on new inputs copied into the static tensors: bit for bit the
     eager result (no size was read on the host at capture)."""
-    from minisgl.moe.fast import FastMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
 
-    backend = FastMoeBackend()
+    backend = SyncFreeMoeBackend()
     x, w1, w2, gating = _qwen3_30b_inputs(tokens)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -754,22 +755,22 @@ def test_fast_under_a_cuda_graph_equals_eager(tokens: int) -> None:
 
 @on_cuda
 def test_tiny_qwen3_moe_on_cuda_with_graphs(tiny_models) -> None:
-    """The fast backend lets the engine capture decode steps (the fused one does not), and gives
-    the torch backend's greedy tokens, in float32."""
+    """The sync-free backend lets the engine capture decode steps (the fused one does not), and
+    gives the torch backend's greedy tokens, in float32."""
     from minisgl.llm import LLM
 
     path = tiny_models["qwen3moe"]
     prompts = ["The quick brown fox jumps over the lazy dog, and then", [7, 7, 1, 2, 9, 3],
                "hello world"]
     tokens: dict = {}
-    for backend in ("fast", "fused", "torch"):
+    for backend in ("sync_free", "fused", "torch"):
         llm = LLM(str(path), device="cuda", dtype=torch.float32, page_size=4, num_pages=256,
                   max_running_req=8, max_extend_tokens=256, moe_backend=backend)
         try:
             max_bs = llm.scheduler.engine.graph_runner.max_bs
-            assert (max_bs > 0) == (backend == "fast"), (backend, max_bs)
+            assert (max_bs > 0) == (backend == "sync_free"), (backend, max_bs)
             tokens[backend] = [o["token_ids"] for o in llm.generate(prompts, greedy(8))]
         finally:
             llm.shutdown()
-    assert tokens["fast"] == tokens["torch"]
+    assert tokens["sync_free"] == tokens["torch"]
 

@@ -79,14 +79,14 @@ DTYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.int32": "int
 
 
 def moe_launches(num_tokens: int, shape: dict) -> tuple[list[tuple[str, tuple, dict]], dict]:
-    """The launches FastMoeBackend.forward_with makes for num_tokens tokens at shape (a
+    """The launches SyncFreeMoeBackend.forward_with makes for num_tokens tokens at shape (a
     config.json's keys), with the H200 file's config for that count: (kernel, grid,
     {argument: (shape, dtype)}) each. Tensors are on torch's meta device and every kernel is
     replaced by a recorder while the forward runs, so nothing is computed."""
     import torch
     from minisgl.kernel import fused_moe, moe_decode, moe_routing
     from minisgl.moe.configs import config_file_name, load_tuned, nearest
-    from minisgl.moe.fast import FastMoeBackend
+    from minisgl.moe.sync_free import SyncFreeMoeBackend
 
     launches: list[tuple[str, tuple, dict]] = []
 
@@ -112,7 +112,7 @@ def moe_launches(num_tokens: int, shape: dict) -> tuple[list[tuple[str, tuple, d
     try:
         for module, name, kernel in saved:
             setattr(module, name, Recorder(kernel))
-        FastMoeBackend().forward_with(
+        SyncFreeMoeBackend().forward_with(
             config, torch.empty(num_tokens, hidden, **meta),
             torch.empty(experts, 2 * inter, hidden, **meta),
             torch.empty(experts, hidden, inter, **meta),
@@ -127,7 +127,7 @@ def moe_launches(num_tokens: int, shape: dict) -> tuple[list[tuple[str, tuple, d
 @figure("ch21", "moe_launches")
 def moe_launches_figure() -> plt.Figure:
     """The fast backend's launches at Qwen3-30B-A3B's shape, one row per path: each kernel, its
-    programs, and the tensors it writes, recorded from FastMoeBackend.forward_with itself."""
+    programs, and the tensors it writes, recorded from SyncFreeMoeBackend.forward_with itself."""
     from ch15_measure import SHAPES
     from matplotlib.patches import FancyBboxPatch
     from minisgl.moe.configs import DECODE_MAX_TOKENS

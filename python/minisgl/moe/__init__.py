@@ -1,6 +1,6 @@
 """MoE backends, chosen by name: "torch" (the reference, the default on a CPU), "fused" (the
-Triton fused MoE, which sizes its alignment on the host) or "fast" (routing and alignment on the
-GPU, so a CUDA graph can hold it; the default on a GPU)."""
+Triton fused MoE, which sizes its alignment on the host) or "sync_free" (routing and alignment
+on the GPU, so a CUDA graph can hold it; the default on a GPU)."""
 
 from __future__ import annotations
 
@@ -26,19 +26,19 @@ def _make_fused() -> BaseMoeBackend:
 MOE_BACKENDS.register("fused", _make_fused)
 
 
-def _make_fast() -> BaseMoeBackend:
-    from .fast import FastMoeBackend  # also imports triton only when chosen
+def _make_sync_free() -> BaseMoeBackend:
+    from .sync_free import SyncFreeMoeBackend  # also imports triton only when chosen
 
-    return FastMoeBackend()
+    return SyncFreeMoeBackend()
 
 
-MOE_BACKENDS.register("fast", _make_fast)
+MOE_BACKENDS.register("sync_free", _make_sync_free)
 
 
 def create_moe_backend(device: torch.device | str, name: str = "auto") -> BaseMoeBackend:
-    """The backend ``name``; "auto" picks the fast one on a GPU and the reference elsewhere."""
+    """The backend ``name``; "auto" picks the sync-free one on a GPU and the reference elsewhere."""
     if name == "auto":
-        name = "fast" if torch.device(device).type == "cuda" else "torch"
+        name = "sync_free" if torch.device(device).type == "cuda" else "torch"
     return MOE_BACKENDS.get(name)()
 
 

@@ -19,7 +19,7 @@ class EngineConfig:
     max_running_req: int = 64  # rows of the page table: requests in flight at once
     max_seq_len: int | None = None  # None: the model's max_position_embeddings
     attention_backend: str = "auto"  # "torch"; "auto": the best one for the device
-    moe_backend: str = "auto"  # "torch", "fused", "fast"; "auto": "fast" on a GPU
+    moe_backend: str = "auto"  # "torch", "fused", "sync_free"; "auto": "sync_free" on a GPU
     seed: int = 0  # of the sampler's generator
     dummy_weights: bool = False  # random weights on the device, from config.json alone
     profile_steps: bool = False  # time each step's phases (synchronizes at their edges)

@@ -15,7 +15,7 @@ from .base import BaseMoeBackend
 from .configs import MoeConfig, get_config
 
 
-class FastMoeBackend(BaseMoeBackend):
+class SyncFreeMoeBackend(BaseMoeBackend):
     """A few tokens: three launches (route, gate_up with SiLU, down with the sum of each
     token's k outputs; kernel/moe_decode.py). More: seven (route, the chunks' sums, plan,
     scatter, gate_up with SiLU, down, the sum of each token's k outputs)."""
