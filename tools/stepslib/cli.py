@@ -144,9 +144,10 @@ def cmd_checkout(book: Book, args: argparse.Namespace) -> int:
 def cmd_import(book: Book, args: argparse.Namespace) -> int:
     from .gitin import import_git
 
-    changes = import_git(book, args.source.resolve(), args.rev, args.force, args.dry_run)
-    for line in changes:
+    lines = import_git(book, args.source.resolve(), args.rev, args.force, args.dry_run)
+    for line in lines:
         print(line)
+    changes = [line for line in lines if not line.startswith("kept ")]
     if not changes:
         print("nothing to change: the history is the book")
     elif args.dry_run:

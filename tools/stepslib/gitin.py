@@ -42,6 +42,7 @@ class Plan:
     writes: dict[str, bytes] = field(default_factory=dict)
     removals: list[str] = field(default_factory=list)
     lists: dict[tuple[str, str], list[str]] = field(default_factory=dict)  # (id, key) -> paths
+    kept: set[str] = field(default_factory=set)  # uncommitted work the history leaves be
 
 
 def import_git(
@@ -51,14 +52,18 @@ def import_git(
     git = _Git(folder)
     snapshots = read_history(book, git, rev)
     plan = make_plan(book, snapshots, git)
+    if not force:
+        _spare_uncommitted(book, plan)
     changes = _describe(book, plan)
     if dry_run or not changes:
-        return changes
-    if not force:
-        _refuse_uncommitted(book, plan)
+        return changes + [
+            f"kept     {path} (uncommitted, unchanged in the history)" for path in sorted(plan.kept)
+        ]
     apply_plan(book, plan)
-    _verify(load_book(book.root), snapshots, git)
-    return changes
+    _verify(load_book(book.root), snapshots, git, plan.kept)
+    return changes + [
+        f"kept     {path} (uncommitted, unchanged in the history)" for path in sorted(plan.kept)
+    ]
 
 
 # --- reading the history ----------------------------------------------------------------------
@@ -281,30 +286,40 @@ def _listed(paths: list[str]) -> str:
     return "[" + ", ".join(paths) + "]"
 
 
-def _refuse_uncommitted(book: Book, plan: Plan) -> None:
-    """Refuse to overwrite a file whose changes git has not seen committed."""
+def _spare_uncommitted(book: Book, plan: Plan) -> None:
+    """Leave alone a file with uncommitted changes that the history does not change (its
+    content there is the committed one); refuse to overwrite or remove one that it does."""
     if not (book.root / ".git").exists():
         return
     done = subprocess.run(
         ["git", "-C", str(book.root), "status", "--porcelain", "-z"], capture_output=True, text=True
     )
     dirty = {entry[3:] for entry in done.stdout.split("\0") if len(entry) > 3}
-    touched = {
-        p
-        for p in plan.writes
-        if (book.root / p).is_file() and (book.root / p).read_bytes() != plan.writes[p]
-    }
-    touched |= set(plan.removals)
-    if any(list(getattr(c, k)) != plan.lists[(c.id, k)] for c in book.chapters for k in LISTS):
-        touched.add(STEPS_FILE)
-    clash = sorted(dirty & touched)
+    clash = sorted(p for p in plan.removals if p in dirty)
+    for path in sorted(dirty & plan.writes.keys()):
+        target = book.root / path
+        if target.is_file() and target.read_bytes() == plan.writes[path]:
+            continue
+        if _committed(book, path) == plan.writes[path]:
+            del plan.writes[path]  # someone's work in progress, which the history leaves be
+            plan.kept.add(path)
+        else:
+            clash.append(path)
     if clash:
         raise BookError(
             f"uncommitted changes in {', '.join(clash[:5])}"
             + (f" and {len(clash) - 5} more" if len(clash) > 5 else "")
-            + ": commit or stash them first, or pass --force to overwrite them",
+            + ", which the history changes: commit or stash them first, or pass --force to "
+            "overwrite them",
             str(book.root),
         )
+
+
+def _committed(book: Book, path: str) -> bytes | None:
+    done = subprocess.run(
+        ["git", "-C", str(book.root), "show", f"HEAD:{path}"], capture_output=True
+    )
+    return done.stdout if done.returncode == 0 else None
 
 
 def apply_plan(book: Book, plan: Plan) -> None:
@@ -376,8 +391,9 @@ def _key_lines(lines: list[str], start: int, end: int, indent: str) -> dict[str,
     return spans
 
 
-def _verify(book: Book, snapshots: list[Snapshot], git: _Git) -> None:
-    """Every chapter's tree, rebuilt from what was written, is its commit byte for byte."""
+def _verify(book: Book, snapshots: list[Snapshot], git: _Git, kept: set[str]) -> None:
+    """Every chapter's tree, rebuilt from what was written, is its commit byte for byte (but
+    for the uncommitted work that was kept)."""
     for snapshot in snapshots:
         tree = tree_at(book, snapshot.chapter)
         if tree.keys() != snapshot.files.keys():
@@ -388,7 +404,8 @@ def _verify(book: Book, snapshots: list[Snapshot], git: _Git) -> None:
                 str(book.root),
             )
         for path, source in tree.items():
-            if source.read_bytes() != git.blob(snapshot.files[path]):
+            written = source.relative_to(book.root).as_posix() not in kept
+            if written and source.read_bytes() != git.blob(snapshot.files[path]):
                 raise BookError(
                     f"after the import, {path} at {snapshot.chapter.id} differs from its commit",
                     str(book.root),

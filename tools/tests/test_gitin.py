@@ -254,3 +254,18 @@ def test_rewrite_list_touches_only_the_list_it_rewrites():
     assert emptied == BLOCK.replace("        modified:\n          - x/a.py\n", "")
     inline = rewrite_list(BLOCK, "ch02", "new", ["x/b.py", "x/d.py"])
     assert inline == BLOCK.replace("new: [x/b.py]", "new:\n          - x/b.py\n          - x/d.py")
+
+
+def test_uncommitted_work_the_history_leaves_alone_is_kept(book, tmp_path):
+    _git(book, "init", "-q")
+    _git(book, "add", "--all")
+    _git(book, "commit", "-qm", "book")
+    history = _history(book, tmp_path / "history", "3")
+    _replace(history / "python/toy/greet.py", "hello, ", "hi, ")
+    _git(history, "commit", "-qa", "--amend", "--no-edit")
+    (book / "tests/helpers.py").write_text("# work in progress\n", encoding="utf-8")
+    done = steps(book, "import", str(history))
+    assert done.returncode == 0, done.stderr
+    assert "kept     tests/helpers.py" in done.stdout
+    assert (book / "tests/helpers.py").read_text() == "# work in progress\n"
+    assert "hi, " in (book / "python/toy/greet.py").read_text()
