@@ -251,3 +251,19 @@ def test_an_engine_with_every_default_on_a_cpu(tiny_models):
     logits = torch.randn(16, 450)
     args = BatchSamplingArgs.from_params([SamplingParams(temperature=1.0)] * 16)
     assert torch.equal(engine.sampler.sample(logits, args), Sampler(seed=0).sample(logits, args))
+
+
+def test_building_an_engine_leaves_the_global_context_alone(tiny_models):
+    """An engine makes its context the global one only while it runs a batch: two engines, or a
+    draft model beside its target, never find the other's context in place."""
+    from minisgl.core import Context, get_global_ctx, use_global_ctx
+
+    path = tiny_models["llama3"]
+    mine = Context()
+    with use_global_ctx(mine):
+        engine, other = make_engine(path, page_size=4), make_engine(path, page_size=1)
+        assert get_global_ctx() is mine
+        prompt = encode(path, PROMPTS[1])
+        out = generate(engine, [prompt], [SamplingParams(max_tokens=4)], list(range(64)))
+        assert get_global_ctx() is mine
+        assert generate(other, [prompt], [SamplingParams(max_tokens=4)], list(range(64))) == out

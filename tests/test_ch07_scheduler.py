@@ -86,7 +86,8 @@ def test_max_tokens_and_eos_stop_a_request(tiny_models, cache_type):
     first_eos = ref[0].index(ref[0][4])
     assert stop.output_ids == ref[0][: first_eos + 1]  # stops right after producing it
     assert ignore.output_ids == ref[0] and short.output_ids == ref[1][:3]
-    assert finished.index(short) < finished.index(ignore)
+    assert list(finished).index(short) < list(finished).index(ignore)
+    assert (finished[stop], finished[ignore], finished[short]) == ("eos", "length", "length")
     assert_pages_all_back(s)
 
 
@@ -343,7 +344,7 @@ def test_one_queued_request_keeps_the_scheduler_busy(tiny_models):
     assert s.idle
     req = s.add_req([1, 2, 3], greedy(2))
     assert not s.idle and s.waiting == [req]
-    assert s.run_until_idle() == [req] and s.idle
+    assert list(s.run_until_idle()) == [req] and s.idle
     assert_pages_all_back(s)
 
 

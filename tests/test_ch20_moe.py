@@ -210,9 +210,7 @@ def test_engine_creates_the_moe_backend(tiny_models) -> None:
         auto = type(create_moe_backend("cuda")).__name__  # the best one on a GPU
         assert auto == ("SyncFreeMoeBackend" if sync_free else "FusedMoeBackend")
     llm = build_llm(tiny_models["qwen3moe"])
-    from minisgl.core import get_global_ctx
-
-    assert isinstance(get_global_ctx().moe_backend, TorchMoeBackend)
+    assert isinstance(llm.scheduler.engine.ctx.moe_backend, TorchMoeBackend)
     llm.shutdown()
 
 
@@ -302,12 +300,11 @@ def test_tiny_qwen3_moe_without_renormalization_matches_hf(tiny_models) -> None:
 @interpreted
 def test_tiny_qwen3_moe_with_the_fused_backend_matches_hf(tiny_models) -> None:
     """The engine with the fused backend in place of the reference (Triton's interpreter)."""
-    from minisgl.core import get_global_ctx
     from minisgl.moe.fused import FusedMoeBackend
 
     path = tiny_models["qwen3moe"]
     llm = build_llm(path)
-    get_global_ctx().moe_backend = FusedMoeBackend()
+    llm.scheduler.engine.ctx.moe_backend = FusedMoeBackend()
     prompts = ["The quick brown fox", [7, 7, 1, 2]]
     out = llm.generate(prompts, greedy(6))
     assert [o["token_ids"] for o in out] == hf_greedy(path, prompts, 6)

@@ -652,7 +652,6 @@ def test_tiny_qwen3_moe_with_the_sync_free_backend_matches_hf(tiny_models, famil
     """The engine with moe_backend="sync_free" (Triton's interpreter): the prefill of both prompts
     takes the aligned path (more than DECODE_MAX_TOKENS tokens), each decode step the decode
     path; norm_topk_prob true and false."""
-    from minisgl.core import get_global_ctx
     from minisgl.llm import LLM
     from minisgl.moe.configs import DECODE_MAX_TOKENS
     from minisgl.moe.sync_free import SyncFreeMoeBackend
@@ -663,7 +662,7 @@ def test_tiny_qwen3_moe_with_the_sync_free_backend_matches_hf(tiny_models, famil
     llm = LLM(str(path), device="cpu", page_size=4, num_pages=256, max_running_req=8,
               max_extend_tokens=256, moe_backend="sync_free")
     try:
-        backend = get_global_ctx().moe_backend
+        backend = llm.scheduler.engine.ctx.moe_backend
         assert isinstance(backend, SyncFreeMoeBackend)
         seen = _record_paths(backend)
         out = llm.generate(prompts, greedy(5))

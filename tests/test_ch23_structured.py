@@ -11,7 +11,7 @@ from typing import Any, List
 
 import pytest
 import torch
-from helpers import DENSE, assert_pages_all_back, hf_model, hf_tokenizer
+from helpers import DENSE, assert_pages_all_back, encode, hf_model, hf_tokenizer
 
 xgrammar = pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
@@ -187,6 +187,31 @@ def test_the_grammars_end_finishes_a_request_that_ignores_eos(tiny_models):
         assert re.fullmatch(DATE, out["text"])
         assert out["token_ids"][-1] in llm.scheduler.eos_token_ids
         assert len(out["token_ids"]) < 60
+
+
+def test_the_scheduler_says_a_grammars_end_finished_it(tiny_models):
+    """Why each request finished comes from the scheduler's step: the grammar's end for those
+    that ignore EOS, max_tokens for a free one that runs out; the server's loop calls the first
+    "stop" and the second "length"."""
+    pytest.importorskip("zmq")  # the server's loop lives beside its sockets
+    from minisgl.message import UserMsg
+    from minisgl.scheduler.io import SchedulerLoop
+
+    path = tiny_models["qwen3"]
+    params = _sampled(n=60, ignore_eos=True, regex=DATE)[:2] + [_params(n=3, ignore_eos=True)]
+    ids = [encode(path, p) for p in PROMPTS[:3]]
+    scheduler = _llm(path).scheduler
+    reqs = [scheduler.add_req(i, p) for i, p in zip(ids, params)]
+    finished = scheduler.run_until_idle()
+    assert [finished[r] for r in reqs] == ["grammar", "grammar", "length"]
+    loop = SchedulerLoop(scheduler)
+    for uid, (one_ids, one_params) in enumerate(zip(ids, params)):
+        loop.handle(UserMsg(uid, torch.tensor(one_ids, dtype=torch.int32), one_params))
+    msgs = []
+    while not scheduler.idle:
+        msgs += loop.step()
+    ends = sorted((m.uid, m.finish_reason) for m in msgs if m.finished)
+    assert ends == [(0, "stop"), (1, "stop"), (2, "length")]
 
 
 def test_a_batch_with_no_row_sampling_under_a_grammar_gets_no_mask(tiny_models):

@@ -111,8 +111,8 @@ class LLM:
         if self._followers:  # the other ranks queue the same requests, in the same order
             broadcast_objects(list(zip(ids, params)))
         reqs = [self.scheduler.add_req(i, p) for i, p in zip(ids, params)]
-        self.scheduler.run_until_idle()
-        return [self._result(r) for r in reqs]
+        finished = self.scheduler.run_until_idle()
+        return [self._result(r, finished[r]) for r in reqs]
 
     def shutdown(self) -> None:
         self.scheduler.shutdown()
@@ -138,10 +138,9 @@ class LLM:
             return self.tokenizer.encode(prompt) if prompt else []
         return list(prompt)  # checked before int(): a float or a bool is refused, not cast
 
-    def _result(self, req: Req) -> Dict[str, Any]:
+    def _result(self, req: Req, why: str) -> Dict[str, Any]:
         ids = req.output_ids
-        ended_at_eos = (bool(ids) and not req.sampling_params.ignore_eos
-                        and ids[-1] in self.scheduler.eos_token_ids)
+        ended_at_eos = why == "eos"
         # drop the EOS itself, even one that is not a special token; then any special token
         text = (self.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=True)
                 if self.has_tokenizer else None)  # None: config.json alone, no tokenizer

@@ -4,7 +4,7 @@ overlap scheduling the next batch is launched before this one's tokens are back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
 
@@ -107,11 +107,12 @@ class Scheduler:
         done, self._in_flight = self._in_flight, launched
         return self._process(done) if done else None
 
-    def run_until_idle(self) -> List[Req]:
-        """Step until every request has finished; the requests in the order they finished."""
-        finished: List[Req] = []
+    def run_until_idle(self) -> Dict[Req, str]:
+        """Step until every request has finished; why each one finished, in the order they
+        finished."""
+        finished: Dict[Req, str] = {}
         while (out := self.step()) is not None:
-            finished.extend(out.finished)
+            finished.update(out.finished)
         self.cache_manager.check_integrity()  # idle: every page is free or cached, none locked
         if self.speculator is not None:
             self.speculator.check_integrity()  # the draft model's pages are all back
@@ -174,7 +175,8 @@ class Scheduler:
             for req, finished in deferred:  # they waited for `done`, which is over
                 self._cache(req, finished)
             released, self._released = self._released, set()
-            delivered, finished_reqs = [], []
+            delivered: List[Tuple[int, int]] = []
+            finished_reqs: Dict[Req, str] = {}
             for req, run, got_token, n in zip(done.batch.reqs, runs, done.sampled,
                                               done.extend_lens):
                 if req in released:
@@ -182,23 +184,30 @@ class Scheduler:
                 delivered.append((req.uid, n))
                 if not got_token:
                     continue  # a chunk of a prompt: no token yet, the next chunk follows
-                if self._append_run(req, run):
+                if reason := self._append_run(req, run):
                     self.decode_manager.remove_req(req)
                     self._release(req, finished=True)
-                    finished_reqs.append(req)
+                    finished_reqs[req] = reason
                 elif done.batch.phase == "prefill":  # its prompt is cached now: share it
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]
         return StepOutput(done.batch.phase, uids, extend_lens, finished_reqs)
 
-    def _append_run(self, req: Req, run: List[int]) -> bool:
+    def _append_run(self, req: Req, run: List[int]) -> str | None:
         """Append the request's new tokens until one finishes it (EOS, max_tokens, the
-        grammar's end); the rest of the run is dropped. Whether it finished."""
+        grammar's end); the rest of the run is dropped. Why it finished, or None."""
         for token in run:
             req.append_host(token)
-            if req.is_finished(self.eos_token_ids) or self.grammars.is_done(req):
-                return True
-        return False
+            if reason := self._finish_reason(req):
+                return reason
+        return None
+
+    def _finish_reason(self, req: Req) -> str | None:
+        """Why the request is finished after its last token: the request's own rule (EOS,
+        max_tokens), or "grammar" once its constraint admits nothing more."""
+        if reason := req.finish_reason(self.eos_token_ids):
+            return reason
+        return "grammar" if self.grammars.is_done(req) else None
 
     def _pending(self) -> Pending:
         """The in-flight batch's tokens by request (none without one), read when asked."""

@@ -8,7 +8,7 @@ from typing import Callable, List, Sequence, Tuple
 
 import torch
 
-from minisgl.core import Batch, Req, get_global_ctx, use_global_ctx
+from minisgl.core import Batch, Req
 from minisgl.engine.engine import Engine
 from minisgl.engine.sample import BatchSamplingArgs, row_seed, top_k_top_p_filter
 from minisgl.kvcache import create_prefix_cache
@@ -141,8 +141,7 @@ def draft_model(config: SchedulerConfig, target: Engine) -> DraftModel:
     of its own and no prefix cache, for requests as long as the target's."""
     draft_config = replace(config, model_path=str(config.draft_model),
                            max_seq_len=target.max_seq_len)
-    with use_global_ctx(get_global_ctx()):  # the target's context stays the global one
-        engine = Engine(draft_config)
+    engine = Engine(draft_config)
     page_size = draft_config.page_size
     cache = CacheManager(engine.num_pages, page_size, engine.page_table,
                          create_prefix_cache("naive", page_size))

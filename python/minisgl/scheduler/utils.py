@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field, replace
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 from minisgl.core import Req, SamplingParams
 from minisgl.utils.misc import div_ceil
@@ -45,9 +45,10 @@ def _is_token_id(token: object, vocab_size: int) -> bool:
 @dataclass
 class StepOutput:
     """What one scheduler step did: the batch's phase, its requests and how many tokens each
-    ran, and the requests that finished."""
+    ran, and the requests that finished, each with why (``Req.finish_reason``'s answer, or
+    "grammar" at a constraint's end)."""
 
     phase: str
     uids: List[int]
     extend_lens: List[int]
-    finished: List[Req] = field(default_factory=list)
+    finished: Dict[Req, str] = field(default_factory=dict)

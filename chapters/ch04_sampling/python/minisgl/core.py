@@ -53,15 +53,19 @@ class Req:
     def append(self, token_id: int) -> None:
         self.output_ids.append(token_id)
 
+    def finish_reason(self, eos_token_id: int | Collection[int] | None) -> str | None:
+        """Why the request is finished after its last token, or None: "eos" when that token ends
+        the sequence (unless the request ignores EOS), else "length" once it has max_tokens
+        tokens. ``eos_token_id`` is one id or several (a model may name more than one), or
+        None."""
+        ids, params = self.output_ids, self.sampling_params
+        eos_ids = (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id or ()
+        if ids and not params.ignore_eos and ids[-1] in eos_ids:
+            return "eos"
+        return "length" if len(ids) >= params.max_tokens else None
+
     def is_finished(self, eos_token_id: int | Collection[int] | None) -> bool:
-        """Out of tokens, or just produced EOS (unless the request ignores it). ``eos_token_id``
-        is one id or several (a model may name more than one), or None."""
-        if len(self.output_ids) >= self.sampling_params.max_tokens:
-            return True
-        if not self.output_ids or eos_token_id is None or self.sampling_params.ignore_eos:
-            return False
-        eos_ids = (eos_token_id,) if isinstance(eos_token_id, int) else eos_token_id
-        return self.output_ids[-1] in eos_ids
+        return self.finish_reason(eos_token_id) is not None
 
 
 @dataclass
@@ -78,7 +82,8 @@ class Batch:
 @dataclass
 class Context:
     """What every layer may need for the batch being run, in one place rather than passed down
-    through every forward call. The engine makes one and sets it global."""
+    through every forward call. The engine makes one and makes it the global one while it
+    runs a batch (``use_global_ctx``)."""
 
     moe_backend: Any = None  # how MoE layers compute their experts; None if dense
     _batch: Batch | None = field(default=None, repr=False)

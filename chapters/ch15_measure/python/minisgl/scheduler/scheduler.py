@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine
@@ -72,28 +72,29 @@ class Scheduler:
             finished = self._process_tokens(batch, next_tokens.tolist())
         return StepOutput(batch.phase, [r.uid for r in batch.reqs], extend_lens, finished)
 
-    def run_until_idle(self) -> List[Req]:
-        """Step until every request has finished; the requests in the order they finished."""
-        finished: List[Req] = []
+    def run_until_idle(self) -> Dict[Req, str]:
+        """Step until every request has finished; why each one finished, in the order they
+        finished."""
+        finished: Dict[Req, str] = {}
         while (out := self.step()) is not None:
-            finished.extend(out.finished)
+            finished.update(out.finished)
         self.cache_manager.check_integrity()  # idle: every page is free or cached, none locked
         return finished
 
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    def _process_tokens(self, batch: Batch, next_tokens: List[int]) -> List[Req]:
-        finished = []
+    def _process_tokens(self, batch: Batch, next_tokens: List[int]) -> Dict[Req, str]:
+        finished: Dict[Req, str] = {}
         for req, token in zip(batch.reqs, next_tokens):
             if req.device_len < len(req.input_ids):
                 continue  # a chunk of a prompt: no token yet, the next chunk follows
             req.append(token)
-            if req.is_finished(self.eos_token_ids):
+            if reason := req.finish_reason(self.eos_token_ids):
                 self.decode_manager.remove_req(req)
                 self.cache_manager.cache_req(req, finished=True)
                 self.table_manager.free(req.table_idx)
-                finished.append(req)
+                finished[req] = reason
             elif batch.is_prefill:  # its prompt is cached now: share it, then decode
                 self.cache_manager.cache_req(req, finished=False)
                 self.decode_manager.add_reqs([req])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from minisgl.attention import create_attention_backend
-from minisgl.core import Batch, Context, Req, SamplingParams, set_global_ctx, use_global_ctx
+from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import load_model
 from minisgl.utils.logger import init_logger
@@ -35,7 +35,6 @@ class Engine:
         self.model_config = self.model.config
         self.dtype = config.dtype or self.model_config.dtype
         self.ctx = Context(page_size=config.page_size)
-        set_global_ctx(self.ctx)
 
         asked_len = config.max_seq_len or self.model_config.max_position_embeddings
         self.num_pages = self._determine_num_pages(used_before, asked_len)

@@ -119,7 +119,7 @@ class SchedulerLoop:
         self.scheduler.abort(run.req)  # with overlap, once the batch in flight is done
 
     def _new_tokens(self, out: StepOutput) -> List[DetokenizeMsg]:
-        finished = {req.uid for req in out.finished}
+        finished = {req.uid: why for req, why in out.finished.items()}
         msgs = []
         for req_uid in out.uids:
             run, done = self._by_req[req_uid], req_uid in finished
@@ -127,16 +127,17 @@ class SchedulerLoop:
             for i, token in enumerate(new):
                 last = done and i == len(new) - 1
                 msgs.append(DetokenizeMsg(run.uid, token, last,
-                                          self._finish_reason(run.req) if last else ""))
+                                          _api_reason(finished[req_uid]) if last else ""))
             run.sent = len(run.req.output_ids)
             if done:
                 del self._by_uid[run.uid], self._by_req[req_uid]
         return msgs
 
-    def _finish_reason(self, req: Req) -> str:
-        at_eos = (not req.sampling_params.ignore_eos
-                  and req.output_ids[-1] in self.scheduler.eos_token_ids)
-        return "stop" if at_eos else "length"
+
+def _api_reason(why: str) -> str:
+    """The API's word for why a request finished: "length" at max_tokens, else "stop" (EOS, a
+    grammar's end)."""
+    return "length" if why == "length" else "stop"
 
 
 def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,

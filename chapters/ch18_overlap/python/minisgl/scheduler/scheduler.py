@@ -4,7 +4,7 @@ overlap scheduling the next batch is launched before this one's tokens are back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
 from minisgl.core import Batch, Req, SamplingParams
@@ -98,11 +98,12 @@ class Scheduler:
         done, self._in_flight = self._in_flight, launched
         return self._process(done) if done else None
 
-    def run_until_idle(self) -> List[Req]:
-        """Step until every request has finished; the requests in the order they finished."""
-        finished: List[Req] = []
+    def run_until_idle(self) -> Dict[Req, str]:
+        """Step until every request has finished; why each one finished, in the order they
+        finished."""
+        finished: Dict[Req, str] = {}
         while (out := self.step()) is not None:
-            finished.extend(out.finished)
+            finished.update(out.finished)
         self.cache_manager.check_integrity()  # idle: every page is free or cached, none locked
         return finished
 
@@ -149,7 +150,8 @@ class Scheduler:
             for req, finished in deferred:  # they waited for `done`, which is over
                 self._cache(req, finished)
             released, self._released = self._released, set()
-            delivered, finished_reqs = [], []
+            delivered: List[Tuple[int, int]] = []
+            finished_reqs: Dict[Req, str] = {}
             for req, token, got_token, n in zip(done.batch.reqs, next_tokens, done.sampled,
                                                 done.extend_lens):
                 if req in released:
@@ -158,10 +160,10 @@ class Scheduler:
                 if not got_token:
                     continue  # a chunk of a prompt: no token yet, the next chunk follows
                 req.append_host(token)
-                if req.is_finished(self.eos_token_ids):
+                if reason := req.finish_reason(self.eos_token_ids):
                     self.decode_manager.remove_req(req)
                     self._release(req, finished=True)
-                    finished_reqs.append(req)
+                    finished_reqs[req] = reason
                 elif done.batch.is_prefill:  # its prompt is cached now: share it
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]

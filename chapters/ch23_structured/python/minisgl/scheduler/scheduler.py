@@ -4,7 +4,7 @@ overlap scheduling the next batch is launched before this one's tokens are back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Set, Tuple
+from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
 from minisgl.core import Batch, Req, SamplingParams
@@ -102,11 +102,12 @@ class Scheduler:
         done, self._in_flight = self._in_flight, launched
         return self._process(done) if done else None
 
-    def run_until_idle(self) -> List[Req]:
-        """Step until every request has finished; the requests in the order they finished."""
-        finished: List[Req] = []
+    def run_until_idle(self) -> Dict[Req, str]:
+        """Step until every request has finished; why each one finished, in the order they
+        finished."""
+        finished: Dict[Req, str] = {}
         while (out := self.step()) is not None:
-            finished.extend(out.finished)
+            finished.update(out.finished)
         self.cache_manager.check_integrity()  # idle: every page is free or cached, none locked
         return finished
 
@@ -154,7 +155,8 @@ class Scheduler:
             for req, finished in deferred:  # they waited for `done`, which is over
                 self._cache(req, finished)
             released, self._released = self._released, set()
-            delivered, finished_reqs = [], []
+            delivered: List[Tuple[int, int]] = []
+            finished_reqs: Dict[Req, str] = {}
             for req, token, got_token, n in zip(done.batch.reqs, next_tokens, done.sampled,
                                                 done.extend_lens):
                 if req in released:
@@ -163,14 +165,21 @@ class Scheduler:
                 if not got_token:
                     continue  # a chunk of a prompt: no token yet, the next chunk follows
                 req.append_host(token)
-                if req.is_finished(self.eos_token_ids) or self.grammars.is_done(req):
+                if reason := self._finish_reason(req):
                     self.decode_manager.remove_req(req)
                     self._release(req, finished=True)
-                    finished_reqs.append(req)
+                    finished_reqs[req] = reason
                 elif done.batch.is_prefill:  # its prompt is cached now: share it
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]
         return StepOutput(done.batch.phase, uids, extend_lens, finished_reqs)
+
+    def _finish_reason(self, req: Req) -> str | None:
+        """Why the request is finished after its last token: the request's own rule (EOS,
+        max_tokens), or "grammar" once its constraint admits nothing more."""
+        if reason := req.finish_reason(self.eos_token_ids):
+            return reason
+        return "grammar" if self.grammars.is_done(req) else None
 
     def _pending(self) -> Pending:
         """The in-flight batch's tokens by request (none without one), read when asked."""
