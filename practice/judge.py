@@ -10,8 +10,11 @@ passes, 1 when one fails, 2 for bad input.
 
 An exercise is a folder `practice/NNN_slug/` (NNN: the chapter's two digits, then the place):
 `exercise.toml`, the statement `README.md`, `starter.py`, `reference.py` and `tests.py`. The
-tests run in a child process (`runner.py`), so an endless loop is cut off after a timeout.
-`steps.py check` calls `verify` for each chapter's exercises.
+tests run in a child process (`runner.py`) with a time limit and a memory cap, so an endless
+loop or a runaway allocation fails one test ("took longer than N s", "used more than N MB")
+instead of hanging the learner's machine or filling its memory. `steps.py check` calls
+`verify` for each chapter's exercises; the tests of the tests judge many solutions of one
+exercise in one child (`judge_many`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +41,17 @@ FIELDS = {"id": str, "title": str, "chapter": int, "difficulty": str, "runs": st
 DIFFICULTIES = ("easy", "medium", "hard")
 RUNS = ("browser", "local")  # browser: pure Python, Pyodide runs it; local: needs torch/numpy
 TEST_LIMIT_S = {"browser": 5, "local": 60}  # one test; a whole exercise takes < 2 s
+# The cap on the child's data (heap and private writable maps, see `runner.cap_memory`) in MB,
+# and MEMORY_PER_CORE_MB more for each core. Measured (2 cores, CPU torch 2.13), the children's
+# resident peaks: 16-21 MB for a pure-Python exercise; 230-280 MB for 231 and 241, whose tests
+# import torch, numpy and xgrammar where they are installed (they need a cap above 300 MB: at
+# 300 xgrammar's thread pool could not start and hung); 240 MB for the local 042 (torch). Each
+# thread costs its 8 MB stack (ulimit -s) used or not: torch starts two a core (10.8 MB each,
+# measured with 128 of them), numpy's BLAS and xgrammar one each.
+MEMORY_LIMIT_MB = {"browser": 1024, "local": 2048}
+MEMORY_PER_CORE_MB = 32
 TIMEOUT_S = 600  # the child process, whatever its tests do
+PRINTED_MAX = 2**20  # the most of what the learner's code printed that is kept and shown
 
 
 def _load_runner():
@@ -166,23 +181,138 @@ def find(exercise_id: str, practice: Path = PRACTICE) -> Exercise:
 
 def judge(exercise: Exercise, solution: Path) -> tuple[list, str]:
     """Run the exercise's tests on `solution` in a child process: (outcomes, what the learner's
-    code printed)."""
+    code printed). The child is cut off after TIMEOUT_S; it caps its own memory at
+    `memory_cap_mb`, where the system can (the runner fails the test that goes past it; a
+    child that crashes or sticks there is reported here)."""
     limit = TIMEOUT_S
+    memory_mb = memory_cap_mb(exercise.runs) if _CAN_CAP else None
     command = [sys.executable, str(PRACTICE / "runner.py"), str(solution.resolve()),
                str(exercise.file("tests.py")), str(TEST_LIMIT_S[exercise.runs])]
+    command += [] if memory_mb is None else [str(memory_mb)]
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    child = _run_child(command, env, exercise.folder, limit)
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=limit, env=env,
-                              cwd=exercise.folder)
-    except subprocess.TimeoutExpired:
-        message = f"the tests took longer than {limit:g} s (an endless loop?)"
-        return [runner.Outcome("timeout", False, message)], ""
-    try:
-        result = json.loads(done.stdout)
+        result = json.loads(child.stdout)
     except ValueError:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return [runner.Outcome("runner", False, f"the judge crashed: {last}")], done.stderr
-    return [runner.Outcome(**o) for o in result["outcomes"]], done.stderr
+        # A child at its cap may be stuck rather than dead (a library whose thread could not
+        # start waits for it for ever), so a timeout there is the memory's fault too.
+        if memory_mb is not None and _ran_out_of_memory(child, MEMORY_LIMIT_MB[exercise.runs]):
+            message = f"the tests used more than {memory_mb:g} MB (a list or a loop that " \
+                      "grows without end?)"
+            return [runner.Outcome("memory", False, message)], child.stderr
+        if child.returncode is None:
+            message = f"the tests took longer than {limit:g} s (an endless loop?)"
+            return [runner.Outcome("timeout", False, message)], child.stderr
+        last = (child.stderr.strip().splitlines() or [_ended(child.returncode)])[-1]
+        return [runner.Outcome("runner", False, f"the judge crashed: {last}")], child.stderr
+    return [runner.Outcome(**o) for o in result["outcomes"]], child.stderr
+
+
+def judge_many(exercise: Exercise, solutions: list[Path]) -> list[list]:
+    """The outcomes of each of `solutions`, as `judge` gives them, judged one after another in
+    one child process with the same limits: its start and the imports of the exercise's tests
+    (torch, for some: 1-2 s) are paid once. They share that process's imported libraries, as
+    tests in one pytest process do; each gets a fresh module of its own and of the tests. The
+    solution the child was on when it crashed, stuck or died at the cap, and those after it,
+    are judged again each in a child of its own, so that the blame lands where it belongs."""
+    if not solutions:
+        return []
+    memory_mb = memory_cap_mb(exercise.runs) if _CAN_CAP else None
+    command = [sys.executable, str(PRACTICE / "runner.py"), "--many",
+               str(exercise.file("tests.py")), str(TEST_LIMIT_S[exercise.runs]),
+               "-" if memory_mb is None else str(memory_mb),
+               *(str(solution.resolve()) for solution in solutions)]
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+    child = _run_child(command, env, exercise.folder, TIMEOUT_S)
+    judged: list[list] = []
+    for line in child.stdout.splitlines()[:len(solutions)]:
+        try:
+            judged.append([runner.Outcome(**o) for o in json.loads(line)["outcomes"]])
+        except (ValueError, KeyError, TypeError):  # cut short, or the learner's own output
+            break
+    return judged + [judge(exercise, solution)[0] for solution in solutions[len(judged):]]
+
+
+def memory_cap_mb(runs: str) -> int:
+    """The memory cap of a child that judges an exercise that `runs` there."""
+    return MEMORY_LIMIT_MB[runs] + MEMORY_PER_CORE_MB * (os.cpu_count() or 1)
+
+
+_CAN_CAP = importlib.util.find_spec("resource") is not None  # no `resource` on Windows
+MEMORY_WORDS = ("MemoryError", "Cannot allocate memory", "can't allocate memory", "bad_alloc")
+
+
+@dataclass
+class _Child:
+    returncode: int | None  # None: cut off after the timeout
+    stdout: str
+    stderr: str  # its last PRINTED_MAX bytes
+    peak_mb: float | None  # its largest resident size, where os.wait4 tells
+
+
+def _run_child(command: list[str], env: dict, cwd: Path, timeout_s: float) -> _Child:
+    """Run `command` to its end or to the timeout. Its output goes to files, not pipes, and
+    only its tail is read back: a printing loop does not fill this process's memory."""
+    if not hasattr(os, "wait4"):  # Windows: no resource use to read
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
+                                  env=env, cwd=cwd)
+        except subprocess.TimeoutExpired as e:
+            return _Child(None, "", _text(e.stderr or b""), None)
+        return _Child(done.returncode, done.stdout, done.stderr[-PRINTED_MAX:], None)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=cwd)
+        status, usage = _wait(process, timeout_s)
+        out.seek(0)
+        err.seek(max(0, err.seek(0, os.SEEK_END) - PRINTED_MAX))
+        stdout, stderr = _text(out.read()), _text(err.read())
+    # ru_maxrss: kilobytes on Linux, bytes on macOS
+    peak_mb = usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    return _Child(status, stdout, stderr, peak_mb)
+
+
+def _wait(process: subprocess.Popen, timeout_s: float) -> tuple[int | None, object]:
+    """(exit status, or None when it ran past the timeout and was killed; its resource use),
+    reaped with os.wait4, the one call that gives one child's peak memory."""
+    deadline, pause, killed = time.monotonic() + timeout_s, 0.001, False
+    try:
+        while True:
+            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                process.kill()
+                _, status, usage = os.wait4(process.pid, 0)
+                killed = True
+                break
+            time.sleep(pause)
+            pause = min(2 * pause, 0.05)  # quick for quick children, cheap for slow ones
+    except BaseException:  # Ctrl-C in the judge: the child goes too
+        process.kill()
+        process.wait()
+        raise
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait
+    return (None if killed else process.returncode), usage
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", errors="replace")
+
+
+def _ran_out_of_memory(child: _Child, base_mb: float) -> bool:
+    """A child that ended with no result: at its memory cap, or saying it ran out? (A crash
+    at the cap need not say so: C code that gets no memory may just abort.) Its peak is
+    resident memory, which leaves out its threads' untouched stacks, the per-core part of the
+    cap: at the cap it is near `base_mb` or above."""
+    if any(word in child.stderr[-4000:] for word in MEMORY_WORDS):
+        return True
+    return child.peak_mb is not None and child.peak_mb >= 0.9 * base_mb
+
+
+def _ended(returncode: int) -> str:
+    if returncode < 0:
+        return f"its process was killed by signal {-returncode}"
+    return f"its process ended with status {returncode} and no output"
 
 
 def problems(exercise: Exercise, repository: Path) -> list[str]:

@@ -1,6 +1,9 @@
 """The tests of the exercises' tests: each `practice/NNN_slug/near_misses/*.py` is a solution
 that is right except for one sentence of the statement (its docstring, "Breaks: ...", quotes
-that sentence), and the judge must reject every one, while the reference passes."""
+that sentence), and the judge must reject every one, while the reference passes. Each is
+judged in a child process with the judge's time limit and memory cap (`judge.judge_many`: one
+child for an exercise's solutions, whose tests may import torch): a near-miss that runs away
+(081's children_by_first_token loops, growing the tree) is cut off there, not in this process."""
 
 from __future__ import annotations
 
@@ -28,14 +31,6 @@ runner = judge.runner
 EXERCISES = judge.exercises(PRACTICE)
 
 
-def _judged(exercise, solution: Path) -> list:
-    """The judge's outcomes, from its runner in this process: `judge.judge` runs the same call
-    in a child process, whose start costs more than most exercises' tests."""
-    return runner.run(solution.read_text(encoding="utf-8"),
-                      exercise.file("tests.py").read_text(encoding="utf-8"),
-                      judge.TEST_LIMIT_S[exercise.runs])
-
-
 def _near_misses(exercise) -> list[Path]:
     return sorted((exercise.folder / "near_misses").glob("*.py"))
 
@@ -51,9 +46,10 @@ def test_the_judge_rejects_every_near_miss(exercise) -> None:
     assert near_misses, f"{exercise.folder.name} has no near_misses/*.py"
     unsaid = [p.name for p in near_misses if not _says_what_it_breaks(p)]
     assert not unsaid, f"no one-line 'Breaks: ...' docstring: {unsaid}"
-    reference = _judged(exercise, exercise.file("reference.py"))
+    solutions = [exercise.file("reference.py"), *near_misses]
+    reference, *judged = judge.judge_many(exercise, solutions)
     assert runner.all_passed(reference), [o for o in reference if not o.passed]
-    passed = [p.name for p in near_misses if runner.all_passed(_judged(exercise, p))]
+    passed = [p.name for p, outcomes in zip(near_misses, judged) if runner.all_passed(outcomes)]
     assert not passed, f"{exercise.folder.name}: the judge passes near-misses {passed}"
 
 

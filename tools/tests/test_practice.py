@@ -123,6 +123,34 @@ def test_an_endless_loop_is_cut_off_and_the_rest_not_run() -> None:
     assert outcomes[2].message == "not run: an earlier test timed out"
 
 
+def test_an_endless_loop_while_loading_is_cut_off_too() -> None:
+    outcomes = runner.run("while True:\n    pass\n", TESTS, limit_s=0.3)
+    assert [(o.name, o.message) for o in outcomes] == [
+        ("load", "the file does not load: took longer than 0.3 s (an endless loop?)")]
+
+
+@pytest.mark.parametrize("error", [
+    "MemoryError",
+    # torch's, on the CPU, when an allocation fails
+    "RuntimeError(\"[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+    "allocate memory: you tried to allocate 2097152000 bytes. Error code 12 (Cannot allocate "
+    "memory)\")",
+])
+def test_running_out_of_memory_is_one_clear_failure_and_the_rest_not_run(error: str) -> None:
+    """The cap itself is set in judge.py's child (test_practice_limits.py); here, the words."""
+    source = f"def add(a, b):\n    raise {error}\n"
+    outcomes = runner.run(source, TESTS, memory_mb=512)
+    assert outcomes[0].message == "used more than 512 MB (a list or a loop that grows without " \
+                                  "end?)"
+    assert [o.message for o in outcomes[1:]] == ["not run: an earlier test used too much "
+                                                 "memory"] * 2
+    uncapped = runner.run(source, TESTS)  # the browser: its own limit, whatever it is
+    assert uncapped[0].message.startswith("MemoryError: ran out of memory")
+    at_load = runner.run(f"raise {error}\n", TESTS, memory_mb=512)
+    assert at_load[0].message == "the file does not load: used more than 512 MB (a list or a " \
+                                 "loop that grows without end?)"
+
+
 def test_a_learners_except_does_not_swallow_the_time_limit(tmp_path: Path) -> None:
     """In a child process, as judge.py runs it: were the limit catchable, this would never end."""
     source = ("def add(a, b):\n    while True:\n        try:\n            while True:\n"
