@@ -169,8 +169,13 @@ class Batch:
 
     @property
     def is_prefill(self) -> bool:
-        """Its requests may bring several tokens each (a prompt, its chunk, or drafts to verify):
-        the extend path of attention, and no CUDA graph. Not a decode step."""
+        """A prompt, or a chunk of one, for each request."""
+        return self.phase == "prefill"
+
+    @property
+    def is_extend(self) -> bool:
+        """Its requests may bring several tokens each (a prompt, its chunk, or drafts to
+        verify): the extend path of attention, not a decode step."""
         return self.phase != "decode"
 
 

@@ -22,7 +22,9 @@ STEPS_FILE = "steps.yaml"
 CHAPTER_ID = re.compile(r"ch(\d{2,})")
 REQUIRES = ("cpu", "gpu")
 # Files that appear beside sources but are never part of a tree.
-JUNK = re.compile(r"(^|/)(__pycache__|\.pytest_cache|[^/]*\.egg-info)(/|$)|\.py[co]$")
+JUNK = re.compile(
+    r"(^|/)(__pycache__|\.pytest_cache|\.ruff_cache|[^/]*\.egg-info)(/|$)|\.py[co]$"
+)
 
 
 @dataclass(frozen=True)

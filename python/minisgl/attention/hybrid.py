@@ -24,7 +24,7 @@ class HybridAttnBackend(BaseAttnBackend):
         self.decode.init_graph_buffers(max_bs)
 
     def _for(self, batch: Batch) -> BaseAttnBackend:
-        return self.prefill if batch.is_prefill else self.decode
+        return self.prefill if batch.is_extend else self.decode
 
     def prepare_metadata(self, batch: Batch) -> None:
         self._for(batch).prepare_metadata(batch)

@@ -71,7 +71,7 @@ class TritonAttnBackend(BaseAttnBackend):
         pad = [0] * (_aligned(batch.size) - batch.size)
         host = torch.tensor([x + pad for x in (rows, cached, extend, seq, starts)],
                             dtype=torch.int32, pin_memory=self.device.type == "cuda")
-        is_decode = not batch.is_prefill and max(extend) == 1
+        is_decode = not batch.is_extend and max(extend) == 1
         graphed = is_decode or batch.phase == "verify"  # the batches CUDA graphs may replay
         if graphed and self._graph_lens is not None and batch.size <= self._graph_lens.shape[1]:
             lens = self._graph_lens[:, : host.shape[1]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Callable, List
+from typing import Callable, List, Tuple
 
 import torch
 
@@ -168,27 +168,45 @@ class Engine:
         ``mask_logits`` edits the logits [B, V] in place between the forward and the sampling:
         structured output's bitmask, which the host fills while the forward runs.
         """
-        graph = self.graph_runner.can_run(batch)  # a decode batch small enough: padded
-        run = self.graph_runner.pad(batch) if graph else batch
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):  # ours, should there be two
-            with self.timer.phase("prepare"):
-                self.prepare_batch(run)
-            assert run.input_ids is not None and run.positions is not None
-            with self.timer.phase(f"forward {batch.phase}"):  # a decode step's own figure
-                if graph:
-                    logits = self.graph_runner.forward(run)[: batch.size]  # padded rows dropped
-                else:
-                    logits = self.model.forward(run.input_ids, run.positions)  # [B, V]
+        logits, run = self._forward(batch)
         with self.timer.phase("sample"):
-            for req in batch.reqs:
-                req.complete_forward()
-            logits = logits.float()
             if mask_logits is not None:
                 mask_logits(logits)
             tokens = self.sampler.sample(logits, self.sampler.prepare(batch))
             rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
             self.last_tokens[rows[: batch.size]] = tokens  # the next forward reads them here
             return tokens
+
+    @torch.inference_mode()
+    def verify_logits(self, batch: Batch) -> torch.Tensor:
+        """The logits at every position of a batch of drafts to verify: [T, V] float32, no
+        token sampled. Afterwards every request counts all its tokens as cached."""
+        assert batch.phase == "verify"
+        return self._forward(batch)[0]
+
+    def _forward(self, batch: Batch) -> Tuple[torch.Tensor, Batch]:
+        """Any batch, decode, prefill or verify, through one path: padded to a captured CUDA
+        graph's size where one holds it (a decode batch small enough; a verify batch whose
+        requests all bring the captured width), its tensors prepared, the graph replayed or the
+        model run, its requests' new tokens counted as cached. The float32 logits of the batch's
+        own rows (each request's last token; every token of a verify batch) and the batch as it
+        ran, padded or not."""
+        runner = self.verify_runner if batch.phase == "verify" else self.graph_runner
+        graph = runner is not None and runner.can_run(batch)
+        run = runner.pad(batch) if graph and runner is not None else batch
+        rows = sum(r.extend_len for r in batch.reqs) if batch.phase == "verify" else batch.size
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):  # ours, should there be two
+            with self.timer.phase("prepare"):
+                self.prepare_batch(run)
+            assert run.input_ids is not None and run.positions is not None
+            with self.timer.phase(f"forward {batch.phase}"):  # a decode step's own figure
+                if graph and runner is not None:
+                    logits = runner.forward(run)[:rows]  # padded requests' rows dropped
+                else:
+                    logits = self.model.forward(run.input_ids, run.positions)  # [rows, V]
+        for req in batch.reqs:
+            req.complete_forward()
+        return logits.float(), run
 
     def capture_verify_graphs(self, width: int, max_bs: int = 64) -> None:
         """CUDA graphs for verify batches of ``width`` tokens a request, up to ``max_bs``
@@ -208,29 +226,6 @@ class Engine:
         if self.device.type == "cuda":
             with use_global_ctx(self.ctx), torch.inference_mode():
                 self.verify_runner.capture(self.prepare_batch)
-
-    @torch.inference_mode()
-    def verify_logits(self, batch: Batch) -> torch.Tensor:
-        """The logits at every position of a batch of drafts to verify: [T, V]
-        float32, no token sampled; from a CUDA graph when every request brings the width the
-        graphs were captured for. Afterwards every request counts all its tokens as cached."""
-        assert batch.phase == "verify"
-        runner = self.verify_runner
-        graph = runner is not None and runner.can_run(batch)
-        run = runner.pad(batch) if graph and runner is not None else batch
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):
-            with self.timer.phase("prepare"):
-                self.prepare_batch(run)
-            assert run.input_ids is not None and run.positions is not None
-            with self.timer.phase("forward verify"):
-                if graph and runner is not None:
-                    tokens = sum(r.extend_len for r in batch.reqs)
-                    logits = runner.forward(run)[:tokens]  # padded requests' rows dropped
-                else:
-                    logits = self.model.forward(run.input_ids, run.positions)
-        for req in batch.reqs:
-            req.complete_forward()
-        return logits.float()
 
     def start_copy_to_host(self, tokens: torch.Tensor) -> HostTokens:
         """Start copying sampled tokens to the host without waiting for them: on a GPU into

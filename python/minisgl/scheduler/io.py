@@ -99,8 +99,10 @@ class SchedulerLoop:
     so the loop keeps the map between the two while the request runs.
     """
 
-    def __init__(self, scheduler: Scheduler):
+    def __init__(self, scheduler: Scheduler,
+                 after_step: Callable[[Scheduler], None] | None = None):
         self.scheduler = scheduler
+        self.after_step = after_step  # e.g. the server's gauges, written after every step
         self._by_uid: Dict[int, _Running] = {}  # frontend uid -> running request
         self._by_req: Dict[int, _Running] = {}  # Req.uid -> running request
 
@@ -129,6 +131,8 @@ class SchedulerLoop:
     def step(self) -> List[DetokenizeMsg]:
         """One scheduler step: a DetokenizeMsg per request that got a token."""
         out = self.scheduler.step()
+        if self.after_step is not None:
+            self.after_step(self.scheduler)
         if out is None:
             return []
         if self.scheduler.idle:  # every page is free or cached now: check it, it costs nothing
@@ -168,14 +172,18 @@ def _api_reason(why: str) -> str:
 
 
 def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
-                  ready: Callable[[], None] = lambda: None) -> None:
+                  ready: Callable[[], None] = lambda: None,
+                  after_step: Callable[[Scheduler], None] | None = None) -> None:
     """The scheduler process (rank 0): build the engine, bind the socket, say ready, serve until
     an exit message (or the parent's end)."""
     scheduler = start_rank(config)
     io = SchedulerIO(backend_addr, detokenizer_addr)
+    loop = SchedulerLoop(scheduler, after_step)
+    if after_step is not None:  # before the first step too: the state it starts in
+        after_step(scheduler)
     ready()
     try:
-        SchedulerLoop(scheduler).run(io)
+        loop.run(io)
     finally:
         io.close()
         stop_rank(scheduler)

@@ -188,7 +188,7 @@ class Scheduler:
                     self.decode_manager.remove_req(req)
                     self._release(req, finished=True)
                     finished_reqs[req] = reason
-                elif done.batch.phase == "prefill":  # its prompt is cached now: share it
+                elif done.batch.is_prefill:  # its prompt is cached now: share it
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]
         return StepOutput(done.batch.phase, uids, extend_lens, finished_reqs)

@@ -17,12 +17,11 @@ import time
 from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any, Callable, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from minisgl import env
 from minisgl.message import BaseTokenizerMsg, ExitMsg
-from minisgl.scheduler import Scheduler, SchedulerConfig
-from minisgl.scheduler.io import SchedulerIO, SchedulerLoop, run_follower, start_rank, stop_rank
+from minisgl.scheduler.io import run_follower, run_scheduler
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import Stopped, Workers, ZmqPushQueue
 
@@ -61,35 +60,6 @@ class SchedulerStats:
         return dict(zip(STAT_NAMES, self.array[:]))
 
 
-class _PublishingLoop(SchedulerLoop):
-    """The scheduler's loop (``SchedulerLoop``), which also writes its gauges after every step."""
-
-    def __init__(self, scheduler: Scheduler, stats: SchedulerStats):
-        super().__init__(scheduler)
-        self.stats = stats
-        stats.publish(scheduler)
-
-    def step(self) -> Any:
-        out = super().step()
-        self.stats.publish(self.scheduler)
-        return out
-
-
-def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
-                  stats: Any, ready: Callable[[], None]) -> None:
-    """The scheduler process (rank 0): its loop over ``SchedulerIO``, with its gauges shared
-    with /metrics."""
-    scheduler = start_rank(config)
-    io = SchedulerIO(backend_addr, detokenizer_addr)
-    loop = _PublishingLoop(scheduler, SchedulerStats(stats))
-    ready()
-    try:
-        loop.run(io)
-    finally:
-        io.close()
-        stop_rank(scheduler)
-
-
 def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> None:
     """The scheduler (one process per rank) and the tokenizer worker, their sockets in the
     run's own directory; the ranks meet at a file there too."""
@@ -97,7 +67,7 @@ def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> 
     config = replace(args.scheduler_config(), dist_init_addr=f"file://{workers.ipc_dir}/tp")
     workers.start("scheduler", run_scheduler, config=config,
                   backend_addr=workers.addr("scheduler"),
-                  detokenizer_addr=workers.addr("tokenizer"), stats=stats.array)
+                  detokenizer_addr=workers.addr("tokenizer"), after_step=stats.publish)
     for rank in range(1, config.tp_size):
         workers.start(f"scheduler-{rank}", run_follower, config=replace(config, tp_rank=rank))
     workers.start("tokenizer", tokenizer_worker, model_path=args.model_path,

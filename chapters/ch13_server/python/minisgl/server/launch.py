@@ -13,12 +13,11 @@ import threading
 import time
 from functools import partial
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any, Callable, Dict
+from typing import TYPE_CHECKING, Any, Dict
 
 from minisgl import env
 from minisgl.message import BaseTokenizerMsg, ExitMsg
-from minisgl.scheduler import Scheduler, SchedulerConfig
-from minisgl.scheduler.io import SchedulerIO, SchedulerLoop
+from minisgl.scheduler.io import run_scheduler
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import Stopped, Workers, ZmqPushQueue
 
@@ -57,41 +56,12 @@ class SchedulerStats:
         return dict(zip(STAT_NAMES, self.array[:]))
 
 
-class _PublishingLoop(SchedulerLoop):
-    """The scheduler's loop (``SchedulerLoop``), which also writes its gauges after every step."""
-
-    def __init__(self, scheduler: Scheduler, stats: SchedulerStats):
-        super().__init__(scheduler)
-        self.stats = stats
-        stats.publish(scheduler)
-
-    def step(self) -> Any:
-        out = super().step()
-        self.stats.publish(self.scheduler)
-        return out
-
-
-def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
-                  stats: Any, ready: Callable[[], None]) -> None:
-    """The scheduler process: its loop over ``SchedulerIO``, with its gauges shared with
-    /metrics."""
-    scheduler = Scheduler(config)
-    io = SchedulerIO(backend_addr, detokenizer_addr)
-    loop = _PublishingLoop(scheduler, SchedulerStats(stats))
-    ready()
-    try:
-        loop.run(io)
-    finally:
-        io.close()
-        scheduler.shutdown()
-
-
 def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> None:
     """The scheduler and the tokenizer worker, their sockets in the run's own directory."""
     from minisgl.tokenizer.server import tokenizer_worker  # here: see _serve
     workers.start("scheduler", run_scheduler, config=args.scheduler_config(),
                   backend_addr=workers.addr("scheduler"),
-                  detokenizer_addr=workers.addr("tokenizer"), stats=stats.array)
+                  detokenizer_addr=workers.addr("tokenizer"), after_step=stats.publish)
     workers.start("tokenizer", tokenizer_worker, model_path=args.model_path,
                   inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
                   frontend_addr=workers.addr("frontend"))
