@@ -42,17 +42,53 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 from minisgl.kernel import attention  # noqa: E402
 from minisgl.kernel.attention import decode_attention, extend_attention  # noqa: E402
 
-DECODE_SHAPES = [(1, 1024), (1, 4096), (16, 1024), (16, 4096), (64, 1024), (64, 4096),
-                 (256, 1024), (256, 4096)]
-EXTEND_SHAPES = [(1, 512), (1, 1024), (1, 2048), (1, 4096), (4, 1024), (4, 4096), (8, 512),
-                 (8, 2048), (8, 4096)]
-DECODE_SWEEP = [dict(BLOCK_N=n, num_warps=w, num_stages=s)
-                for n, w, s in [(32, 4, 2), (64, 4, 2), (64, 8, 2), (32, 4, 3), (128, 8, 2),
-                                (64, 4, 3), (32, 4, 4), (16, 4, 3), (32, 2, 3)]]
+DECODE_SHAPES = [
+    (1, 1024),
+    (1, 4096),
+    (16, 1024),
+    (16, 4096),
+    (64, 1024),
+    (64, 4096),
+    (256, 1024),
+    (256, 4096),
+]
+EXTEND_SHAPES = [
+    (1, 512),
+    (1, 1024),
+    (1, 2048),
+    (1, 4096),
+    (4, 1024),
+    (4, 4096),
+    (8, 512),
+    (8, 2048),
+    (8, 4096),
+]
+DECODE_SWEEP = [
+    dict(BLOCK_N=n, num_warps=w, num_stages=s)
+    for n, w, s in [
+        (32, 4, 2),
+        (64, 4, 2),
+        (64, 8, 2),
+        (32, 4, 3),
+        (128, 8, 2),
+        (64, 4, 3),
+        (32, 4, 4),
+        (16, 4, 3),
+        (32, 2, 3),
+    ]
+]
 SPLIT_SWEEP = [None, 1, 2, 4, 8, 16, 32, 64]
-EXTEND_SWEEP = [dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
-                for m, n, w, s in [(128, 64, 8, 2), (128, 64, 8, 1), (128, 32, 8, 2),
-                                   (128, 32, 4, 2), (64, 64, 4, 2), (128, 64, 8, 3)]]
+EXTEND_SWEEP = [
+    dict(BLOCK_M=m, BLOCK_N=n, num_warps=w, num_stages=s)
+    for m, n, w, s in [
+        (128, 64, 8, 2),
+        (128, 64, 8, 1),
+        (128, 32, 8, 2),
+        (128, 32, 4, 2),
+        (64, 64, 4, 2),
+        (128, 64, 8, 3),
+    ]
+]
 
 
 @dataclass
@@ -105,8 +141,9 @@ def scattered_pool(batch: int, context: int, setup: Setup, gen: torch.Generator)
     pages = torch.randperm(num_pages, generator=gen).view(batch, pages_per_req).to(setup.device)
     pos = torch.arange(context, device=setup.device)
     table = (pages[:, pos // setup.page_size] * setup.page_size + pos % setup.page_size).int()
-    q = torch.randn(batch, setup.num_qo_heads, setup.head_dim, dtype=setup.dtype,
-                    device=setup.device)
+    q = torch.randn(
+        batch, setup.num_qo_heads, setup.head_dim, dtype=setup.dtype, device=setup.device
+    )
     return q, k_cache, v_cache, table
 
 
@@ -123,8 +160,13 @@ def decode_case(batch: int, context: int, setup: Setup, splits: int | None):
     return run, (q, k_cache, v_cache, table)
 
 
-def decode_error(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor,
-                 v_cache: torch.Tensor, table: torch.Tensor) -> float:
+def decode_error(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+) -> float:
     """The largest difference from torch's attention over the gathered (unpaged) K and V."""
     slots = table.long()  # [B, S]
     k, v = k_cache[slots].transpose(1, 2), v_cache[slots].transpose(1, 2)  # [B, Hkv, S, D]
@@ -142,8 +184,10 @@ def decode_row(batch: int, context: int, setup: Setup, hbm_tbps: float) -> str:
     gbps = (kv_bytes + qo_bytes) / ms / 1e6
     share = gbps / (hbm_tbps * 1e3)
     splits = attention.default_num_kv_splits(batch, setup.num_kv_heads)
-    return (f"{batch:>5} {context:>7} {splits:>6} {ms * 1e3:>10.1f} {gbps:>9.0f} "
-            f"{share:>7.0%} {error:>9.1e}")
+    return (
+        f"{batch:>5} {context:>7} {splits:>6} {ms * 1e3:>10.1f} {gbps:>9.0f} "
+        f"{share:>7.0%} {error:>9.1e}"
+    )
 
 
 def extend_case(batch: int, length: int, setup: Setup, gen: torch.Generator):
@@ -156,13 +200,26 @@ def extend_case(batch: int, length: int, setup: Setup, gen: torch.Generator):
     table = torch.arange(batch * length, dtype=torch.int32, device=dev).view(batch, length)
     ints = lambda xs: torch.tensor(xs, dtype=torch.int32, device=dev)  # noqa: E731
     lens = [length] * batch
-    args = (q, k_cache, v_cache, table, ints(list(range(batch))), ints([0] * batch), ints(lens),
-            ints([b * length for b in range(batch)]), length, dim**-0.5)
+    args = (
+        q,
+        k_cache,
+        v_cache,
+        table,
+        ints(list(range(batch))),
+        ints([0] * batch),
+        ints(lens),
+        ints([b * length for b in range(batch)]),
+        length,
+        dim**-0.5,
+    )
     # torch's flash kernel wants as many K, V heads as query heads: expanded outside the timing
     as_bhld = lambda x: x.view(batch, length, -1, dim).transpose(1, 2)  # noqa: E731
     group = h_q // h_kv
-    dense = (as_bhld(q), as_bhld(k_cache).repeat_interleave(group, 1),
-             as_bhld(v_cache).repeat_interleave(group, 1))
+    dense = (
+        as_bhld(q),
+        as_bhld(k_cache).repeat_interleave(group, 1),
+        as_bhld(v_cache).repeat_interleave(group, 1),
+    )
     return args, dense
 
 
@@ -183,9 +240,11 @@ def extend_row(batch: int, length: int, setup: Setup) -> str:
     ours_ms = time_ms(lambda: extend_attention(*args), setup)
     torch_ms = time_ms(lambda: sdpa_flash(*dense), setup)
     flops = 2 * batch * setup.num_qo_heads * length * length * setup.head_dim  # causal: half
-    return (f"{batch:>5} {length:>7} {ours_ms * 1e3:>10.1f} {torch_ms * 1e3:>10.1f} "
-            f"{flops / ours_ms / 1e9:>8.0f} {flops / torch_ms / 1e9:>8.0f} "
-            f"{torch_ms / ours_ms:>6.2f} {error:>9.1e}")
+    return (
+        f"{batch:>5} {length:>7} {ours_ms * 1e3:>10.1f} {torch_ms * 1e3:>10.1f} "
+        f"{flops / ours_ms / 1e9:>8.0f} {flops / torch_ms / 1e9:>8.0f} "
+        f"{torch_ms / ours_ms:>6.2f} {error:>9.1e}"
+    )
 
 
 def best_of(options: List[Tuple[str, Callable[[], float]]]) -> str:
@@ -201,11 +260,13 @@ def best_of(options: List[Tuple[str, Callable[[], float]]]) -> str:
     ranked = sorted(results, key=results.__getitem__)[:3]
     first = options[0][0]
     return ", ".join(f"{name} {results[name] * 1e3:.1f}" for name in ranked) + (
-        f"; now {first} {results[first] * 1e3:.1f}")
+        f"; now {first} {results[first] * 1e3:.1f}"
+    )
 
 
-def sweep(setup: Setup, decode_shapes: List[Tuple[int, int]],
-          extend_shapes: List[Tuple[int, int]]) -> None:
+def sweep(
+    setup: Setup, decode_shapes: List[Tuple[int, int]], extend_shapes: List[Tuple[int, int]]
+) -> None:
     key = "float32" if setup.dtype == torch.float32 else "16bit"
     chosen_decode, chosen_extend = attention.DECODE_TILES[key], attention.EXTEND_TILES[key]
     print("\nsweep: decode, tiles (BLOCK_N, warps, stages) x splits; times in us")
@@ -257,26 +318,35 @@ def main() -> None:
     else:
         assert cuda, "the full run needs a GPU; --quick runs on a CPU"
         num_qo_heads, num_kv_heads = (int(n) for n in args.heads.split("/"))
-        setup = Setup(num_qo_heads, num_kv_heads, 128, 16, getattr(torch, args.dtype), "cuda",
-                      args.iters)
+        setup = Setup(
+            num_qo_heads, num_kv_heads, 128, 16, getattr(torch, args.dtype), "cuda", args.iters
+        )
         decode_shapes, extend_shapes = DECODE_SHAPES, EXTEND_SHAPES
     if args.decode_shapes:
-        decode_shapes = [tuple(int(n) for n in shape.split("x"))  # type: ignore[misc]
-                         for shape in args.decode_shapes.split(",")]
+        decode_shapes = [
+            tuple(int(n) for n in shape.split("x"))  # type: ignore[misc]
+            for shape in args.decode_shapes.split(",")
+        ]
     if args.no_extend:
         extend_shapes = []
     device = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
-    print(f"{device}; Hq {setup.num_qo_heads}, Hkv {setup.num_kv_heads}, D {setup.head_dim}, "
-          f"{args.dtype if not args.quick else 'float32'}, page size {setup.page_size}")
+    print(
+        f"{device}; Hq {setup.num_qo_heads}, Hkv {setup.num_kv_heads}, D {setup.head_dim}, "
+        f"{args.dtype if not args.quick else 'float32'}, page size {setup.page_size}"
+    )
     print(f"\ndecode (pages scattered), HBM {args.hbm_tbps} TB/s")
-    print(f"{'batch':>5} {'context':>7} {'splits':>6} {'time us':>10} {'GB/s':>9} {'of HBM':>7} "
-          f"{'max diff':>9}")
+    print(
+        f"{'batch':>5} {'context':>7} {'splits':>6} {'time us':>10} {'GB/s':>9} {'of HBM':>7} "
+        f"{'max diff':>9}"
+    )
     for batch, context in decode_shapes:
         print(decode_row(batch, context, setup, args.hbm_tbps))
     if extend_shapes:
         print("\nextend (prefill, no prefix) against torch SDPA (flash), causal")
-        print(f"{'batch':>5} {'tokens':>7} {'ours us':>10} {'torch us':>10} {'TFLOP/s':>8} "
-              f"{'torch':>8} {'ratio':>6} {'max diff':>9}")
+        print(
+            f"{'batch':>5} {'tokens':>7} {'ours us':>10} {'torch us':>10} {'TFLOP/s':>8} "
+            f"{'torch':>8} {'ratio':>6} {'max diff':>9}"
+        )
     for batch, length in extend_shapes:
         print(extend_row(batch, length, setup))
     if args.sweep:

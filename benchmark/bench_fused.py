@@ -54,15 +54,24 @@ def norm_cases() -> List[Case]:
         norm = RMSNormFused(HIDDEN, EPS)
         norm.weight = torch.randn(HIDDEN, device="cuda", dtype=torch.bfloat16)
         # the fused kernel adds into residual in place: a stream that grows is still timed right
-        cases.append((f"add + RMSNorm [{tokens}, {HIDDEN}] bf16",
-                      lambda x=x, r=residual, n=norm: n.forward(x, r),
-                      lambda x=x, r=residual, n=norm: add_rms_norm(x, r, n.weight, EPS),
-                      4 * x.numel() * x.element_size()))  # x, residual in; residual, out back
+        cases.append(
+            (
+                f"add + RMSNorm [{tokens}, {HIDDEN}] bf16",
+                lambda x=x, r=residual, n=norm: n.forward(x, r),
+                lambda x=x, r=residual, n=norm: add_rms_norm(x, r, n.weight, EPS),
+                4 * x.numel() * x.element_size(),
+            )
+        )  # x, residual in; residual, out back
     q = torch.randn(BATCH, HEADS, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(HEAD_DIM, device="cuda", dtype=torch.bfloat16)
-    cases.append((f"q RMSNorm [{BATCH}, {HEADS}, {HEAD_DIM}] bf16",
-                  lambda: torch_rms_norm(q, w, EPS), lambda: rms_norm(q, w, EPS),
-                  2 * q.numel() * q.element_size()))
+    cases.append(
+        (
+            f"q RMSNorm [{BATCH}, {HEADS}, {HEAD_DIM}] bf16",
+            lambda: torch_rms_norm(q, w, EPS),
+            lambda: rms_norm(q, w, EPS),
+            2 * q.numel() * q.element_size(),
+        )
+    )
     return cases
 
 
@@ -80,15 +89,24 @@ def sample_cases() -> List[Case]:
         args = BatchSamplingArgs.from_params(params, "cuda")
         args.row_seeds = [None] * BATCH
         torch_sampler, fused = Sampler("cuda", seed=0), FusedSampler("cuda", seed=0)
-        cases.append((f"sample [{BATCH}, {VOCAB}], {name}",
-                      lambda s=torch_sampler, a=args: s.sample(logits, a),
-                      lambda s=fused, a=args: s.sample(logits, a),
-                      logits.numel() * logits.element_size()))
+        cases.append(
+            (
+                f"sample [{BATCH}, {VOCAB}], {name}",
+                lambda s=torch_sampler, a=args: s.sample(logits, a),
+                lambda s=fused, a=args: s.sample(logits, a),
+                logits.numel() * logits.element_size(),
+            )
+        )
     greedy = torch.ones(BATCH, dtype=torch.bool, device="cuda")
     ones, seeds = torch.ones(BATCH, device="cuda"), torch.zeros_like(greedy, dtype=torch.int64)
-    cases.append((f"race kernel [{BATCH}, {VOCAB}], greedy", lambda: logits.argmax(dim=-1),
-                  lambda: race_sample(logits, ones, greedy, seeds),
-                  logits.numel() * logits.element_size()))
+    cases.append(
+        (
+            f"race kernel [{BATCH}, {VOCAB}], greedy",
+            lambda: logits.argmax(dim=-1),
+            lambda: race_sample(logits, ones, greedy, seeds),
+            logits.numel() * logits.element_size(),
+        )
+    )
     return cases
 
 
@@ -101,8 +119,7 @@ def main() -> None:
     for name, torch_fn, fused_fn, num_bytes in norm_cases() + sample_cases():
         torch_us, fused_us = median_us(torch_fn), median_us(fused_fn)
         share = num_bytes / (fused_us * 1e-6) / (args.hbm_tbps * 1e12)
-        print(f"{name:<40} {torch_us:9.1f} {fused_us:9.1f} {torch_us / fused_us:6.2f} "
-              f"{share:9.0%}")
+        print(f"{name:<40} {torch_us:9.1f} {fused_us:9.1f} {torch_us / fused_us:6.2f} {share:9.0%}")
 
 
 if __name__ == "__main__":

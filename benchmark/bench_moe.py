@@ -119,8 +119,9 @@ def median_ms(run: Callable[[], object], device: str, iters: int, warmup: int = 
     return interleaved_median_ms({"run": run}, device, iters, warmup)["run"]
 
 
-def interleaved_median_ms(runs: Dict[str, Callable[[], object]], device: str, iters: int,
-                          warmup: int) -> Dict[str, float]:
+def interleaved_median_ms(
+    runs: Dict[str, Callable[[], object]], device: str, iters: int, warmup: int
+) -> Dict[str, float]:
     """Each run's median milliseconds, the runs taking turns call by call: a line timed after a
     heavy one would otherwise meet a hotter GPU at lower clocks than the one timed first."""
     for run in runs.values():
@@ -161,8 +162,9 @@ def roofline_ms(shape: Shape, tokens: int, experts_touched: int, ceilings: Ceili
 
 def make_lines() -> Dict[str, Forward | None]:
     """Line name -> its forward, or None where the chapter-21 module it needs is missing."""
-    from minisgl.moe.fused import FusedMoeBackend
     from moe_baseline import TunedBaselineMoe
+
+    from minisgl.moe.fused import FusedMoeBackend
 
     def load_fast() -> Forward:
         from minisgl.moe.sync_free import SyncFreeMoeBackend
@@ -170,8 +172,10 @@ def make_lines() -> Dict[str, Forward | None]:
         return SyncFreeMoeBackend().forward
 
     lines: Dict[str, Forward | None] = {"ch20 fused": FusedMoeBackend().forward}
-    for name, load in [("tuned baseline", lambda: TunedBaselineMoe().forward),
-                       ("ch21 fast", load_fast)]:
+    for name, load in [
+        ("tuned baseline", lambda: TunedBaselineMoe().forward),
+        ("ch21 fast", load_fast),
+    ]:
         try:
             lines[name] = load()
         except ModuleNotFoundError as error:
@@ -211,9 +215,17 @@ class Row:
     errors: Dict[str, float | None]  # None: not checked at this T, or the line is missing
 
 
-def measure_row(tokens: int, shape: Shape, weights: List[Tuple[torch.Tensor, torch.Tensor]],
-                lines: Dict[str, Forward | None], ceilings: Ceilings, device: str,
-                iters: int, warmup: int, graphs: bool) -> Row:
+def measure_row(
+    tokens: int,
+    shape: Shape,
+    weights: List[Tuple[torch.Tensor, torch.Tensor]],
+    lines: Dict[str, Forward | None],
+    ceilings: Ceilings,
+    device: str,
+    iters: int,
+    warmup: int,
+    graphs: bool,
+) -> Row:
     """One T: each line's time per layer and its error. A timed call runs the layer once per
     set of weights, as consecutive layers of a model do (one graph holds them all); the output
     checked is the first layer's, against the reference on fp32 copies of its weights."""
@@ -223,8 +235,9 @@ def measure_row(tokens: int, shape: Shape, weights: List[Tuple[torch.Tensor, tor
     reference = None
     if tokens <= CHECKED_UP_TO:
         w1, w2 = weights[0]
-        reference = TorchMoeBackend().forward(x.float(), w1.float(), w2.float(), gating,
-                                              shape.topk, True)
+        reference = TorchMoeBackend().forward(
+            x.float(), w1.float(), w2.float(), gating, shape.topk, True
+        )
     row = Row(tokens, touched, {}, {})
     runs, outs = {}, {}
     for name, forward in lines.items():
@@ -232,6 +245,7 @@ def measure_row(tokens: int, shape: Shape, weights: List[Tuple[torch.Tensor, tor
         if name == "roofline":
             row.ms[name] = roofline_ms(shape, tokens, touched, ceilings)
         elif forward is not None:
+
             def layers(forward: Forward = forward) -> torch.Tensor:
                 return [forward(x, w1, w2, gating, shape.topk, True) for w1, w2 in weights][0]
 
@@ -254,10 +268,16 @@ def fmt(value: float | None, spec: str, width: int) -> str:
 
 def print_table(rows: List[Row], shape: Shape) -> None:
     measured = [name for name in LINES if name != "roofline"]
-    print(f"\n{'T':>6} {'touched':>7} {'roofline':>9} |"
-          + " |".join(f" {name:>26}" for name in measured) + f" | {'fast/base':>9}")
-    print(f"{'':>6} {'':>7} {'ms':>9} |" + " |".join(
-        f" {'ms':>9} {'x roof':>7} {'TFLOP/s':>8}" for _ in measured) + f" | {'':>9}")
+    print(
+        f"\n{'T':>6} {'touched':>7} {'roofline':>9} |"
+        + " |".join(f" {name:>26}" for name in measured)
+        + f" | {'fast/base':>9}"
+    )
+    print(
+        f"{'':>6} {'':>7} {'ms':>9} |"
+        + " |".join(f" {'ms':>9} {'x roof':>7} {'TFLOP/s':>8}" for _ in measured)
+        + f" | {'':>9}"
+    )
     for row in rows:
         roof = row.ms["roofline"]
         cells = []
@@ -270,8 +290,11 @@ def print_table(rows: List[Row], shape: Shape) -> None:
             cells.append(f" {ms:>9.4f} {ms / roof:>7.2f} {tflops:>8.1f}")
         fast, base = row.ms["ch21 fast"], row.ms["tuned baseline"]
         ratio = fast / base if fast is not None and base is not None else None
-        print(f"{row.tokens:>6} {row.experts_touched:>7} {roof:>9.4f} |" + " |".join(cells)
-              + f" | {fmt(ratio, '.2f', 9)}")
+        print(
+            f"{row.tokens:>6} {row.experts_touched:>7} {roof:>9.4f} |"
+            + " |".join(cells)
+            + f" | {fmt(ratio, '.2f', 9)}"
+        )
 
 
 def print_agreement(rows: List[Row], shape: Shape) -> bool:
@@ -279,8 +302,10 @@ def print_agreement(rows: List[Row], shape: Shape) -> bool:
     checked = [row for row in rows if row.tokens <= CHECKED_UP_TO]
     if not checked:
         return True
-    print(f"\nlargest error / largest output against the fp32 reference, T <= {CHECKED_UP_TO} "
-          f"(agreeing: below {shape.tolerance:g})")
+    print(
+        f"\nlargest error / largest output against the fp32 reference, T <= {CHECKED_UP_TO} "
+        f"(agreeing: below {shape.tolerance:g})"
+    )
     all_agree = True
     for name in LINES:
         if name == "roofline":
@@ -297,32 +322,42 @@ def print_agreement(rows: List[Row], shape: Shape) -> bool:
     return all_agree
 
 
-def write_json(path: Path, rows: List[Row], shape: Shape, ceilings: Ceilings,
-               device_name: str) -> None:
+def write_json(
+    path: Path, rows: List[Row], shape: Shape, ceilings: Ceilings, device_name: str
+) -> None:
     import triton
 
     fields = asdict(shape) | {"dtype": str(shape.dtype).removeprefix("torch.")}
     data = {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_name, "torch": torch.__version__, "triton": triton.__version__,
-        "shape": fields, "ceilings": asdict(ceilings),
+        "device": device_name,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "shape": fields,
+        "ceilings": asdict(ceilings),
         "tokens": [row.tokens for row in rows],
         "experts_touched": [row.experts_touched for row in rows],
         "ms": {name: [row.ms[name] for row in rows] for name in LINES},
-        "error": {name: [row.errors[name] for row in rows] for name in LINES
-                  if name != "roofline"},
+        "error": {name: [row.errors[name] for row in rows] for name in LINES if name != "roofline"},
     }
     path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)),
-                        help="batch sizes T, comma-separated")
+    parser.add_argument(
+        "--tokens",
+        default=",".join(map(str, DEFAULT_TOKENS)),
+        help="batch sizes T, comma-separated",
+    )
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--layers", type=int, default=8,
-                        help="layers per timed call, each with its own weights (default 8)")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        default=8,
+        help="layers per timed call, each with its own weights (default 8)",
+    )
     parser.add_argument("--json", type=Path, help="write every number to this file")
     parser.add_argument("--quick", action="store_true", help="tiny shape, for a crash check")
     args = parser.parse_args()
@@ -338,17 +373,23 @@ def main() -> int:
         tokens = [int(t) for t in args.tokens.split(",")]
         ceilings = Ceilings(copy_tbps(device, 4 << 30), matmul_tflops(device, 8192))
     device_name = torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)"
-    print(f"{device_name}; E {shape.experts}, top-{shape.topk}, H {shape.hidden}, "
-          f"I {shape.inter}, {str(shape.dtype).removeprefix('torch.')}")
-    print(f"ceilings: copy {ceilings.copy_tbps:.2f} TB/s (read + write), "
-          f"{'bf16' if cuda else 'fp32'} matmul {ceilings.peak_tflops:.1f} TFLOP/s")
+    print(
+        f"{device_name}; E {shape.experts}, top-{shape.topk}, H {shape.hidden}, "
+        f"I {shape.inter}, {str(shape.dtype).removeprefix('torch.')}"
+    )
+    print(
+        f"ceilings: copy {ceilings.copy_tbps:.2f} TB/s (read + write), "
+        f"{'bf16' if cuda else 'fp32'} matmul {ceilings.peak_tflops:.1f} TFLOP/s"
+    )
     if args.quick:
         print("quick: a crash and agreement check; its times mean nothing")
     weights = [make_weights(shape, device) for _ in range(2 if args.quick else args.layers)]
     lines = make_lines()
     lines["roofline"] = None
-    rows = [measure_row(t, shape, weights, lines, ceilings, device, iters, warmup, graphs)
-            for t in tokens]
+    rows = [
+        measure_row(t, shape, weights, lines, ceilings, device, iters, warmup, graphs)
+        for t in tokens
+    ]
     print_table(rows, shape)
     all_agree = print_agreement(rows, shape)
     if args.json:

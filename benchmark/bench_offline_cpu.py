@@ -27,11 +27,14 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "python"))
 
 import tiny_models  # noqa: E402
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
-SYSTEM = ("A language model reads a sequence of tokens and predicts the next one. To write a "
-          "long answer it predicts one token, appends it to the sequence, and predicts again. ")
+SYSTEM = (
+    "A language model reads a sequence of tokens and predicts the next one. To write a "
+    "long answer it predicts one token, appends it to the sequence, and predicts again. "
+)
 
 
 def make_requests(n: int, seed: int = 0) -> tuple[List[str], List[SamplingParams]]:
@@ -59,6 +62,7 @@ class Timer:
                 return fn(*args, **kwargs)
             finally:
                 self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
         return timed
 
     def take(self) -> Dict[str, float]:
@@ -66,31 +70,39 @@ class Timer:
         return out
 
 
-def throughput(path: str, page_size: int, cache_type: str, prompts, params,
-               repeat: int) -> str:
+def throughput(path: str, page_size: int, cache_type: str, prompts, params, repeat: int) -> str:
     """The best of ``repeat`` runs, each on a fresh LLM (so the radix cache starts empty)."""
     best = float("inf")
     for _ in range(repeat):
-        llm = LLM(path, device="cpu", page_size=page_size, num_pages=8192 // page_size,
-                  max_running_req=64, max_extend_tokens=2048, cache_type=cache_type)
+        llm = LLM(
+            path,
+            device="cpu",
+            page_size=page_size,
+            num_pages=8192 // page_size,
+            max_running_req=64,
+            max_extend_tokens=2048,
+            cache_type=cache_type,
+        )
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2))  # warm up
         start = time.perf_counter()
         outputs = llm.generate(prompts, params)
         best = min(best, time.perf_counter() - start)
         tokens = sum(len(o["token_ids"]) for o in outputs)
         llm.shutdown()
-    return (f"page_size {page_size:2d}  cache {cache_type:5s}  {tokens} output tokens in "
-            f"{best:6.2f} s  = {tokens / best:7.1f} tokens/s")
+    return (
+        f"page_size {page_size:2d}  cache {cache_type:5s}  {tokens} output tokens in "
+        f"{best:6.2f} s  = {tokens / best:7.1f} tokens/s"
+    )
 
 
 def decode_breakdown(path: str, prompts, params) -> None:
-    llm = LLM(path, device="cpu", page_size=16, num_pages=512, max_running_req=64,
-              max_extend_tokens=2048)
+    llm = LLM(
+        path, device="cpu", page_size=16, num_pages=512, max_running_req=64, max_extend_tokens=2048
+    )
     s, engine, timer = llm.scheduler, llm.scheduler.engine, Timer()
     engine.model.forward = timer.wrap("model forward", engine.model.forward)
     engine.attn_backend.forward = timer.wrap("attention", engine.attn_backend.forward)
-    engine.prepare_batch = timer.wrap("prepare batch + attention metadata",
-                                      engine.prepare_batch)
+    engine.prepare_batch = timer.wrap("prepare batch + attention metadata", engine.prepare_batch)
     engine.sampler.sample = timer.wrap("sampling", engine.sampler.sample)
     s.cache_manager.allocate = timer.wrap("page allocation", s.cache_manager.allocate)
     for p, sp in zip(prompts, params):
@@ -110,21 +122,29 @@ def decode_breakdown(path: str, prompts, params) -> None:
         for k, v in t.items():
             parts[k] = parts.get(k, 0.0) + v
     n = len(decode)
-    print(f"\n{n} decode steps, {sum(x[1] for x in decode) / n:.1f} requests a step on average;"
-          f" per step (page_size 16, radix):")
+    print(
+        f"\n{n} decode steps, {sum(x[1] for x in decode) / n:.1f} requests a step on average;"
+        f" per step (page_size 16, radix):"
+    )
     print(f"  {'wall time':38s} {1e3 * wall / n:7.2f} ms")
     attention = parts.pop("attention", 0.0)  # inside the model forward: not counted twice
     for k, v in sorted(parts.items(), key=lambda kv: -kv[1]):
         print(f"  {k:38s} {1e3 * v / n:7.2f} ms  ({100 * v / wall:4.1f} %)")
         if k == "model forward":
-            print(f"    {'of which the attention backend':36s} {1e3 * attention / n:7.2f} ms  "
-                  f"({100 * attention / wall:4.1f} %)")
+            print(
+                f"    {'of which the attention backend':36s} {1e3 * attention / n:7.2f} ms  "
+                f"({100 * attention / wall:4.1f} %)"
+            )
     rest = wall - sum(parts.values())
-    print(f"  {'other scheduler/engine bookkeeping':38s} {1e3 * rest / n:7.2f} ms  "
-          f"({100 * rest / wall:4.1f} %)")
+    print(
+        f"  {'other scheduler/engine bookkeeping':38s} {1e3 * rest / n:7.2f} ms  "
+        f"({100 * rest / wall:4.1f} %)"
+    )
     overhead = wall - parts.get("model forward", 0.0)
-    print(f"  CPU overhead outside the model forward: {1e3 * overhead / n:.2f} ms a step, "
-          f"{100 * overhead / wall:.1f} % of the step")
+    print(
+        f"  CPU overhead outside the model forward: {1e3 * overhead / n:.2f} ms a step, "
+        f"{100 * overhead / wall:.1f} % of the step"
+    )
     llm.shutdown()
 
 

@@ -83,8 +83,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"one request of {TOKENS} tokens takes its pages and gives them back ({args.device}, "
-          "1 thread), microseconds:")
+    print(
+        f"one request of {TOKENS} tokens takes its pages and gives them back ({args.device}, "
+        "1 thread), microseconds:"
+    )
     print(f"{'pool (pages)':>14}  {'ring':>8}  {'list':>10}")
     for exponent in (3, 5, 7, 8):
         num_pages = 10**exponent

@@ -37,12 +37,21 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "python"))
 
 import tiny_models  # noqa: E402
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
 OPTIONS = dict(device="cpu", page_size=16, num_pages=1024, max_running_req=64)
-FLAGS = ["--device", "cpu", "--page-size", "16", "--num-pages", "1024",
-         "--max-running-requests", "64"]
+FLAGS = [
+    "--device",
+    "cpu",
+    "--page-size",
+    "16",
+    "--num-pages",
+    "1024",
+    "--max-running-requests",
+    "64",
+]
 
 
 def make_prompts(n: int, seed: int = 0) -> List[str]:
@@ -60,11 +69,18 @@ def offline_seconds(llm: LLM, prompts: List[str], output_len: int) -> float:
     return elapsed
 
 
-async def _stream(http: httpx.AsyncClient, prompt: str, output_len: int,
-                  start: float) -> Tuple[float, int]:
+async def _stream(
+    http: httpx.AsyncClient, prompt: str, output_len: int, start: float
+) -> Tuple[float, int]:
     """One streaming request: (its time to first token, its output tokens)."""
-    body = {"prompt": prompt, "max_tokens": output_len, "ignore_eos": True, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": prompt,
+        "max_tokens": output_len,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     ttft, tokens = None, 0
     async with http.stream("POST", "/v1/completions", json=body) as r:
         async for line in r.aiter_lines():
@@ -78,8 +94,7 @@ async def _stream(http: httpx.AsyncClient, prompt: str, output_len: int,
     return ttft or 0.0, tokens
 
 
-async def server_run(url: str, prompts: List[str], output_len: int
-                     ) -> Tuple[float, List[float]]:
+async def server_run(url: str, prompts: List[str], output_len: int) -> Tuple[float, List[float]]:
     """Every prompt as a concurrent stream: (wall seconds, each request's TTFT)."""
     limits = httpx.Limits(max_connections=len(prompts) + 4)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
@@ -95,8 +110,11 @@ def start_server(model: Path, threads: int) -> Tuple[subprocess.Popen, str]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen([sys.executable, "-m", "minisgl", "--model", str(model),
-                             "--port", str(port), *FLAGS], env=env, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(port), *FLAGS],
+        env=env,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
@@ -121,22 +139,27 @@ def main() -> None:
         llm = LLM(model, **OPTIONS)
         proc, url = start_server(model, a.threads)
         try:
-            print("| streams | offline tok/s | server tok/s | server / offline | TTFT median "
-                  "| TTFT worst | overhead per token |\n| --- | --- | --- | --- | --- | --- "
-                  "| --- |")
+            print(
+                "| streams | offline tok/s | server tok/s | server / offline | TTFT median "
+                "| TTFT worst | overhead per token |\n| --- | --- | --- | --- | --- | --- "
+                "| --- |"
+            )
             for n in a.streams:
                 prompts = make_prompts(n, seed=n)
                 offline_seconds(llm, prompts, a.output_len)  # warm up both
                 asyncio.run(server_run(url, prompts, a.output_len))
                 off = min(offline_seconds(llm, prompts, a.output_len) for _ in range(a.repeat))
-                runs = [asyncio.run(server_run(url, prompts, a.output_len))
-                        for _ in range(a.repeat)]
+                runs = [
+                    asyncio.run(server_run(url, prompts, a.output_len)) for _ in range(a.repeat)
+                ]
                 wall, ttfts = min(runs)
                 tokens = n * a.output_len
-                print(f"| {n} | {tokens / off:.0f} | {tokens / wall:.0f} | "
-                      f"{off / wall:.0%} | {statistics.median(ttfts) * 1e3:.0f} ms | "
-                      f"{max(ttfts) * 1e3:.0f} ms | {(wall - off) / tokens * 1e3:.2f} ms |",
-                      flush=True)
+                print(
+                    f"| {n} | {tokens / off:.0f} | {tokens / wall:.0f} | "
+                    f"{off / wall:.0%} | {statistics.median(ttfts) * 1e3:.0f} ms | "
+                    f"{max(ttfts) * 1e3:.0f} ms | {(wall - off) / tokens * 1e3:.2f} ms |",
+                    flush=True,
+                )
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)

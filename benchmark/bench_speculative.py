@@ -36,14 +36,20 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "examples"), str(ROOT / "benchm
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
-PASSAGE = ("The engine keeps every request's keys and values in pages of a shared pool. A "
-           "request that finishes gives its pages back, and a request that shares a prefix "
-           "with an earlier one reads the earlier one's pages instead of computing them again. "
-           "When the pool runs short, the prefix cache evicts the pages no request is using.")
-COPY = [f"Rewrite this text with 'pool' replaced by 'store', changing nothing else:\n\n{PASSAGE}",
-        f"Copy this paragraph exactly, then stop:\n\n{PASSAGE}"]
-FRESH = ["Write a short story about a lighthouse keeper who finds a map.",
-         "Explain to a child why the sky is blue, in your own words."]
+PASSAGE = (
+    "The engine keeps every request's keys and values in pages of a shared pool. A "
+    "request that finishes gives its pages back, and a request that shares a prefix "
+    "with an earlier one reads the earlier one's pages instead of computing them again. "
+    "When the pool runs short, the prefix cache evicts the pages no request is using."
+)
+COPY = [
+    f"Rewrite this text with 'pool' replaced by 'store', changing nothing else:\n\n{PASSAGE}",
+    f"Copy this paragraph exactly, then stop:\n\n{PASSAGE}",
+]
+FRESH = [
+    "Write a short story about a lighthouse keeper who finds a map.",
+    "Explain to a child why the sky is blue, in your own words.",
+]
 
 
 def parse_args() -> argparse.Namespace:
@@ -65,8 +71,12 @@ def prompts_for(llm: LLM, kind: str, batch: int, text: bool) -> List[Any]:
     if text:
         texts = COPY if kind == "copy" else FRESH
         chats = [[{"role": "user", "content": texts[i % len(texts)]}] for i in range(batch)]
-        return [llm.tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True)["input_ids"] for c in chats]
+        return [
+            llm.tokenizer.apply_chat_template(
+                c, add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
+            for c in chats
+        ]
     generator = torch.Generator().manual_seed(0)
     span = min(llm.scheduler.engine.model_config.vocab_size, 10000)
     out = []
@@ -84,8 +94,9 @@ def run_once(llm: LLM, prompts: List[Any], tokens: int) -> Tuple[float, int]:
     return seconds, sum(len(o["token_ids"]) for o in outs)
 
 
-def measure(path: str, args: argparse.Namespace, spec: Dict[str, Any],
-            batches: List[int]) -> Dict[Tuple[str, int], Dict[str, float]]:
+def measure(
+    path: str, args: argparse.Namespace, spec: Dict[str, Any], batches: List[int]
+) -> Dict[Tuple[str, int], Dict[str, float]]:
     """Every prompt kind and batch size under one engine setting: the medians of three runs."""
     llm = LLM(path, device=args.device, max_running_req=max(batches), **spec)
     results = {}
@@ -94,16 +105,27 @@ def measure(path: str, args: argparse.Namespace, spec: Dict[str, Any],
             prompts = prompts_for(llm, kind, batch, text=not args.shape)
             run_once(llm, prompts, min(args.tokens, 8))  # warm: kernels compiled, caches filled
             speculator = llm.scheduler.speculator
-            before = (speculator.stats.proposed, speculator.stats.accepted,
-                      speculator.stats.steps) if speculator else (0, 0, 0)
+            before = (
+                (speculator.stats.proposed, speculator.stats.accepted, speculator.stats.steps)
+                if speculator
+                else (0, 0, 0)
+            )
             runs = [run_once(llm, prompts, args.tokens) for _ in range(3)]
             seconds = statistics.median(s for s, _ in runs)
             made = runs[0][1]
             row = {"tok/s": made / seconds, "tokens": made}
             if speculator:
-                proposed, accepted, steps = (now - then for now, then in zip(
-                    (speculator.stats.proposed, speculator.stats.accepted,
-                     speculator.stats.steps), before))
+                proposed, accepted, steps = (
+                    now - then
+                    for now, then in zip(
+                        (
+                            speculator.stats.proposed,
+                            speculator.stats.accepted,
+                            speculator.stats.steps,
+                        ),
+                        before,
+                    )
+                )
                 row["kept"] = accepted / proposed if proposed else 0.0
                 row["per step"] = (accepted + steps) / steps if steps else 0.0
             results[kind, batch] = row
@@ -127,8 +149,7 @@ def model_path(args: argparse.Namespace, tmp: str) -> str:
     return str(cached_real_model())
 
 
-def settings(args: argparse.Namespace, path: str,
-             on_gpu: bool) -> List[Tuple[str, Dict[str, Any]]]:
+def settings(args: argparse.Namespace, path: str, on_gpu: bool) -> List[Tuple[str, Dict[str, Any]]]:
     """The settings compared: no drafts (the default a user has), on a GPU also no drafts run
     as speculation runs (no CUDA graphs, no overlap), then the drafts."""
     out: List[Tuple[str, Dict[str, Any]]] = [("no drafts", {})]
@@ -137,8 +158,12 @@ def settings(args: argparse.Namespace, path: str,
     out.append((f"n-gram k={args.k}", {"speculative": "ngram", "speculative_k": args.k}))
     if args.draft:
         draft = path if args.draft == "self" else args.draft
-        out.append((f"draft {'self' if args.draft == 'self' else Path(draft).name} k={args.k}",
-                    {"speculative": "draft", "draft_model": draft, "speculative_k": args.k}))
+        out.append(
+            (
+                f"draft {'self' if args.draft == 'self' else Path(draft).name} k={args.k}",
+                {"speculative": "draft", "draft_model": draft, "speculative_k": args.k},
+            )
+        )
     return out
 
 
@@ -149,20 +174,28 @@ def main() -> None:
         path = model_path(args, tmp)
         on_gpu = torch.cuda.is_available() and args.device != "cpu"
         where = torch.cuda.get_device_name() if on_gpu else "CPU"
-        print(f"{Path(path).name} on {where}, torch {torch.__version__}, "
-              f"{torch.get_num_threads()} threads; greedy, {args.tokens} new tokens at most")
-        table = {label: measure(path, args, spec, batches)
-                 for label, spec in settings(args, path, on_gpu)}
+        print(
+            f"{Path(path).name} on {where}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads; greedy, {args.tokens} new tokens at most"
+        )
+        table = {
+            label: measure(path, args, spec, batches)
+            for label, spec in settings(args, path, on_gpu)
+        }
     base = table["no drafts"]
-    print(f"{'setting':>22} {'prompts':>7} {'batch':>5} {'tok/s':>9} {'speed-up':>8} "
-          f"{'kept':>6} {'tok/fwd':>7}   (medians of 3)")
+    print(
+        f"{'setting':>22} {'prompts':>7} {'batch':>5} {'tok/s':>9} {'speed-up':>8} "
+        f"{'kept':>6} {'tok/fwd':>7}   (medians of 3)"
+    )
     for label, results in table.items():
         for (kind, batch), row in results.items():
             speedup = row["tok/s"] / base[kind, batch]["tok/s"]
             kept = f"{row['kept']:6.1%}" if "kept" in row else f"{'-':>6}"
             per_step = f"{row['per step']:7.2f}" if "per step" in row else f"{'1':>7}"
-            print(f"{label:>22} {kind:>7} {batch:>5} {row['tok/s']:9.1f} {speedup:7.2f}x "
-                  f"{kept} {per_step}")
+            print(
+                f"{label:>22} {kind:>7} {batch:>5} {row['tok/s']:9.1f} {speedup:7.2f}x "
+                f"{kept} {per_step}"
+            )
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "python"))
 
 import tiny_models  # noqa: E402
+
 from minisgl.attention import create_attention_backend  # noqa: E402
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx  # noqa: E402
 from minisgl.engine.config import EngineConfig  # noqa: E402
@@ -42,8 +43,15 @@ from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
 # and with one thread and no waiting the two agree on an idle machine. --clock wall for wall time.
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 clock = CLOCKS["cpu"]
-SMALL = dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-             num_key_value_heads=4, head_dim=64, max_position_embeddings=4096)
+SMALL = dict(
+    hidden_size=512,
+    intermediate_size=1536,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=64,
+    max_position_embeddings=4096,
+)
 
 
 def make_model(kind: str, directory: str) -> str:
@@ -77,6 +85,7 @@ def count_tokens(model: Any) -> Dict[str, int]:
     def counted(input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         counter["tokens"] += input_ids.numel()
         return forward(input_ids, positions)
+
     model.forward = counted
     return counter
 
@@ -112,18 +121,24 @@ def bench_kvcache(path: str, args: argparse.Namespace) -> None:
     counter = count_tokens(model)
     prompt = list(range(10, 10 + args.prompt))
     print(f"greedy, prompt {args.prompt} tokens; best of {args.repeat}")
-    print(f"{'new tokens':>10} {'method':>9} {'tokens run':>10} {'total s':>8} "
-          f"{'ms/token':>8} {'speed-up':>8}")
+    print(
+        f"{'new tokens':>10} {'method':>9} {'tokens run':>10} {'total s':>8} "
+        f"{'ms/token':>8} {'speed-up':>8}"
+    )
     for n in args.new_tokens:
         times = {}
-        for name, generate in (("recompute", generate_greedy_recompute),
-                               ("cache", generate_greedy_cached)):
+        for name, generate in (
+            ("recompute", generate_greedy_recompute),
+            ("cache", generate_greedy_cached),
+        ):
             counter["tokens"] = 0
             times[name], _ = best_of(args.repeat, lambda g=generate, n=n: g(model, prompt, n))
             run = counter["tokens"] // args.repeat
             speedup = times["recompute"] / times[name]
-            print(f"{n:10d} {name:>9} {run:10d} {times[name]:8.3f} "
-                  f"{1e3 * times[name] / n:8.2f} {speedup:7.1f}x")
+            print(
+                f"{n:10d} {name:>9} {run:10d} {times[name]:8.3f} "
+                f"{1e3 * times[name] / n:8.2f} {speedup:7.1f}x"
+            )
 
 
 # ---- ch06: batch size against decode throughput --------------------------------------------
@@ -136,14 +151,17 @@ def give_pages(engine: Engine, free: List[int], req: Req) -> None:
         if pos % size == 0:
             page = free.pop()
             engine.page_table[req.table_idx, pos : pos + size] = torch.arange(
-                page * size, (page + 1) * size)
+                page * size, (page + 1) * size
+            )
 
 
 def decode_seconds(engine: Engine, batch_size: int, prompt: int, steps: int) -> float:
     """Prefill ``batch_size`` prompts together, then time ``steps`` decode steps of them all."""
     free = list(range(engine.num_pages))
-    reqs = [Req(i, [10 + i] * prompt, SamplingParams(max_tokens=steps + 1), table_idx=i)
-            for i in range(batch_size)]
+    reqs = [
+        Req(i, [10 + i] * prompt, SamplingParams(max_tokens=steps + 1), table_idx=i)
+        for i in range(batch_size)
+    ]
     start = 0.0
     for step in range(steps + 1):
         if step == 1:
@@ -159,15 +177,19 @@ def decode_seconds(engine: Engine, batch_size: int, prompt: int, steps: int) -> 
 def bench_batch(path: str, args: argparse.Namespace) -> None:
     top = max(args.batch_sizes)
     pages_a_request = -(-(args.prompt + args.steps + 1) // 16)  # pages of 16, rounded up
-    engine = Engine(EngineConfig(path, device="cpu", page_size=16,
-                                 num_pages=top * pages_a_request, max_running_req=top))
-    print(f"decode, prompt {args.prompt} tokens, {args.steps} decode steps timed; "
-          f"best of {args.repeat}")
+    engine = Engine(
+        EngineConfig(
+            path, device="cpu", page_size=16, num_pages=top * pages_a_request, max_running_req=top
+        )
+    )
+    print(
+        f"decode, prompt {args.prompt} tokens, {args.steps} decode steps timed; "
+        f"best of {args.repeat}"
+    )
     print(f"{'batch':>5} {'ms/step':>8} {'tokens/s':>9} {'vs batch 1':>10}")
     base = None
     for b in args.batch_sizes:
-        best = min(decode_seconds(engine, b, args.prompt, args.steps)
-                   for _ in range(args.repeat))
+        best = min(decode_seconds(engine, b, args.prompt, args.steps) for _ in range(args.repeat))
         rate = b * args.steps / best
         base = base or rate
         print(f"{b:5d} {1e3 * best / args.steps:8.2f} {rate:9.0f} {rate / base:9.1f}x")
@@ -201,7 +223,7 @@ def run_scheduler(path: str, arrivals: Arrivals, **config: Any) -> Dict[str, Any
         stats["steps"].append((out.phase, sum(out.extend_lens), now - t0))
         if out.phase == "prefill":
             stats["prefill_tokens"] += sum(out.extend_lens)
-        token_times += [[] for _ in reqs[len(token_times):]]
+        token_times += [[] for _ in reqs[len(token_times) :]]
         for req, times in zip(reqs, token_times):
             times += [now] * (len(req.output_ids) - len(times))  # a chunk brings no token
     stats["total"] = clock() - start
@@ -214,22 +236,34 @@ def bench_radix(path: str, args: argparse.Namespace) -> None:
     params = SamplingParams(max_tokens=args.output, ignore_eos=True)
     reqs = [(system + [20 + i] * args.question, params) for i in range(args.requests)]
     prompt_tokens = sum(len(ids) for ids, _ in reqs)
-    print(f"{args.requests} requests: a shared system prompt of {args.system} tokens + "
-          f"{args.question} of their own, {args.output} new tokens each;\n{prompt_tokens} "
-          f"prompt tokens in all; pages of 16, budget 1024 tokens a prefill; "
-          f"best of {args.repeat}")
-    print(f"{'arrival':>12} {'cache':>6} {'prompt tokens run':>17} {'total s':>8} "
-          f"{'speed-up':>8}")
+    print(
+        f"{args.requests} requests: a shared system prompt of {args.system} tokens + "
+        f"{args.question} of their own, {args.output} new tokens each;\n{prompt_tokens} "
+        f"prompt tokens in all; pages of 16, budget 1024 tokens a prefill; "
+        f"best of {args.repeat}"
+    )
+    print(f"{'arrival':>12} {'cache':>6} {'prompt tokens run':>17} {'total s':>8} {'speed-up':>8}")
     for arrival in ("one a step", "all at once"):
         arrivals = {i: [r] for i, r in enumerate(reqs)} if arrival == "one a step" else {0: reqs}
         naive = None
         for cache in ("naive", "radix"):
-            best, stats = best_of(args.repeat, lambda c=cache: run_scheduler(
-                path, arrivals, page_size=16, num_pages=2048, max_running_req=64,
-                max_extend_tokens=1024, cache_type=c))
+            best, stats = best_of(
+                args.repeat,
+                lambda c=cache: run_scheduler(
+                    path,
+                    arrivals,
+                    page_size=16,
+                    num_pages=2048,
+                    max_running_req=64,
+                    max_extend_tokens=1024,
+                    cache_type=c,
+                ),
+            )
             naive = naive or best
-            print(f"{arrival:>12} {cache:>6} {stats['prefill_tokens']:17d} {best:8.2f} "
-                  f"{naive / best:7.2f}x")
+            print(
+                f"{arrival:>12} {cache:>6} {stats['prefill_tokens']:17d} {best:8.2f} "
+                f"{naive / best:7.2f}x"
+            )
 
 
 def bench_chunked(path: str, args: argparse.Namespace) -> None:
@@ -237,21 +271,36 @@ def bench_chunked(path: str, args: argparse.Namespace) -> None:
     short = [([20 + i] * 16, params) for i in range(args.short)]
     long = ([30 + i % 300 for i in range(args.long)], params)
     arrivals = {0: short, 6: [long]}  # the long prompt comes while the short ones decode
-    print(f"{args.short} requests of 16 tokens decoding, then one prompt of {args.long}; "
-          f"{args.output} new tokens each;\npages of 16; best of {args.repeat} for each time")
-    print(f"{'budget':>6} {'steps':>5} {'prefill':>7} {'largest forward':>15} "
-          f"{'longest step ms':>15} {'longest gap ms':>14} {'total s':>7}")
+    print(
+        f"{args.short} requests of 16 tokens decoding, then one prompt of {args.long}; "
+        f"{args.output} new tokens each;\npages of 16; best of {args.repeat} for each time"
+    )
+    print(
+        f"{'budget':>6} {'steps':>5} {'prefill':>7} {'largest forward':>15} "
+        f"{'longest step ms':>15} {'longest gap ms':>14} {'total s':>7}"
+    )
     for budget in args.budgets:
-        runs = [run_scheduler(path, arrivals, page_size=16, num_pages=1024, max_running_req=64,
-                              max_extend_tokens=budget) for _ in range(args.repeat)]
+        runs = [
+            run_scheduler(
+                path,
+                arrivals,
+                page_size=16,
+                num_pages=1024,
+                max_running_req=64,
+                max_extend_tokens=budget,
+            )
+            for _ in range(args.repeat)
+        ]
         steps = runs[0]["steps"]
         prefills = sum(phase == "prefill" for phase, _, _ in steps)
         largest = max(tokens for _, tokens, _ in steps)
         longest = min(max(t for *_, t in r["steps"]) for r in runs)
         gap = min(longest_gap(r["token_times"][: args.short]) for r in runs)
         total = min(r["total"] for r in runs)
-        print(f"{budget:6d} {len(steps):5d} {prefills:7d} {largest:15d} {1e3 * longest:15.1f} "
-              f"{1e3 * gap:14.1f} {total:7.2f}")
+        print(
+            f"{budget:6d} {len(steps):5d} {prefills:7d} {largest:15d} {1e3 * longest:15.1f} "
+            f"{1e3 * gap:14.1f} {total:7.2f}"
+        )
 
 
 def longest_gap(token_times: List[List[float]]) -> float:
@@ -291,12 +340,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     global clock
     clock = CLOCKS[args.clock]
-    bench = dict(kvcache=bench_kvcache, batch=bench_batch, radix=bench_radix,
-                 chunked=bench_chunked)[args.command]
+    bench = dict(
+        kvcache=bench_kvcache, batch=bench_batch, radix=bench_radix, chunked=bench_chunked
+    )[args.command]
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(args.model, f"{tmp}/{args.model}")
-        print(f"{args.model} llama3 (random weights), CPU, {args.threads} thread(s), "
-              f"{args.clock} time")
+        print(
+            f"{args.model} llama3 (random weights), CPU, {args.threads} thread(s), "
+            f"{args.clock} time"
+        )
         bench(path, args)
 
 

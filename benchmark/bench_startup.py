@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "python"))
 
 import tiny_models  # noqa: E402
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
@@ -50,9 +51,11 @@ def main() -> None:
         timed("LLM(path)", lambda: holder.setdefault("llm", LLM(path, device=args.device)))
         llm = holder["llm"]
         engine = llm.scheduler.engine
-        print(f"  KV pool: {engine.num_pages} pages of {engine.config.page_size} token(s), "
-              f"{engine.config.max_running_req} rows of {engine.max_seq_len} tokens, "
-              f"on {engine.device}")
+        print(
+            f"  KV pool: {engine.num_pages} pages of {engine.config.page_size} token(s), "
+            f"{engine.config.max_running_req} rows of {engine.max_seq_len} tokens, "
+            f"on {engine.device}"
+        )
         one, eight = SamplingParams(max_tokens=1), SamplingParams(max_tokens=8, ignore_eos=True)
         timed("first token (1 request, 1 token)", lambda: llm.generate(["Hello"], one))
         timed("1 request x 8 tokens", lambda: llm.generate(["Hello world"], eight))

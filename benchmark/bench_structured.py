@@ -48,8 +48,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batches", default="1,16,256")
     p.add_argument("--steps", type=int, default=16, help="tokens a row")
     p.add_argument("--device", default="auto")
-    p.add_argument("--regex", help="the constraint (default: %r; with --shape, %r, since the "
-                   "shapes' tokens are t0, t1, ...)" % (NEVER_ENDS, NEVER_ENDS_SHAPE))
+    p.add_argument(
+        "--regex",
+        help="the constraint (default: %r; with --shape, %r, since the "
+        "shapes' tokens are t0, t1, ...)" % (NEVER_ENDS, NEVER_ENDS_SHAPE),
+    )
     return p.parse_args()
 
 
@@ -68,6 +71,7 @@ def grammar_clock(llm: LLM) -> Iterator[Dict[str, float]]:
                 return fn(*args)
             finally:
                 seconds[name] += time.perf_counter() - start
+
         return run
 
     def timed_mask_for(batch: Any, pending: Any) -> Any:
@@ -86,16 +90,21 @@ def run_ms(llm: LLM, batch: int, steps: int, regex: str | None, run: int) -> Dic
     and the mask's and the accepts' host time per step. ``run`` picks prompts no earlier run
     had, so that the prefix cache serves none of them."""
     extra = {"regex": regex} if regex else {}
-    params = [SamplingParams(max_tokens=steps, ignore_eos=True, temperature=1.0, seed=i,
-                             **extra) for i in range(batch)]
+    params = [
+        SamplingParams(max_tokens=steps, ignore_eos=True, temperature=1.0, seed=i, **extra)
+        for i in range(batch)
+    ]
     span = min(llm.scheduler.engine.model_config.vocab_size, 10010) - 10  # ids 10 .. 10009
     prompts = [[(7 * i + j + 9973 * run) % span + 10 for j in range(32)] for i in range(batch)]
     with grammar_clock(llm) as seconds:
         start = time.perf_counter()
         llm.generate(prompts, params)
         wall = time.perf_counter() - start
-    return {"step": wall / steps * 1e3, "mask": seconds["mask"] / steps * 1e3,
-            "accept": seconds["accept"] / steps * 1e3}
+    return {
+        "step": wall / steps * 1e3,
+        "mask": seconds["mask"] / steps * 1e3,
+        "accept": seconds["accept"] / steps * 1e3,
+    }
 
 
 def compare(llm: LLM, batch: int, steps: int, regex: str, repeats: int) -> Dict[str, float]:
@@ -104,14 +113,19 @@ def compare(llm: LLM, batch: int, steps: int, regex: str, repeats: int) -> Dict[
     free, tied, mask, accept = [], [], [], []
     for repeat in range(repeats):
         for constrained in (False, True) if repeat % 2 == 0 else (True, False):
-            result = run_ms(llm, batch, steps, regex if constrained else None,
-                            run=2 * repeat + constrained)
+            result = run_ms(
+                llm, batch, steps, regex if constrained else None, run=2 * repeat + constrained
+            )
             (tied if constrained else free).append(result["step"])
             if constrained:
                 mask.append(result["mask"])
                 accept.append(result["accept"])
-    return {"free": statistics.median(free), "constrained": statistics.median(tied),
-            "mask": statistics.median(mask), "accept": statistics.median(accept)}
+    return {
+        "free": statistics.median(free),
+        "constrained": statistics.median(tied),
+        "mask": statistics.median(mask),
+        "accept": statistics.median(accept),
+    }
 
 
 def model_path(args: argparse.Namespace, tmp: str) -> str:
@@ -137,15 +151,21 @@ def main() -> None:
         regex = args.regex or (NEVER_ENDS_SHAPE if args.shape else NEVER_ENDS)
         llm.generate([[11, 12, 13]], [SamplingParams(max_tokens=4, regex=regex)])  # warm
         where = torch.cuda.get_device_name() if engine.device.type == "cuda" else "CPU"
-        print(f"{Path(path).name} on {where}, torch {torch.__version__}, {torch.get_num_threads()}"
-              f" threads; {args.steps} tokens a row, regex {regex!r}")
-        print(f"{'batch':>5} {'free ms':>9} {'constrained ms':>15} {'+%':>6} {'mask ms':>8} "
-              f"{'accept ms':>10}   (ms a step; medians of 3)")
+        print(
+            f"{Path(path).name} on {where}, torch {torch.__version__}, {torch.get_num_threads()}"
+            f" threads; {args.steps} tokens a row, regex {regex!r}"
+        )
+        print(
+            f"{'batch':>5} {'free ms':>9} {'constrained ms':>15} {'+%':>6} {'mask ms':>8} "
+            f"{'accept ms':>10}   (ms a step; medians of 3)"
+        )
         for batch in batches:
             r = compare(llm, batch, args.steps, regex, repeats=3)
-            print(f"{batch:>5} {r['free']:9.2f} {r['constrained']:15.2f} "
-                  f"{(r['constrained'] / r['free'] - 1) * 100:+6.1f} {r['mask']:8.2f} "
-                  f"{r['accept']:10.2f}")
+            print(
+                f"{batch:>5} {r['free']:9.2f} {r['constrained']:15.2f} "
+                f"{(r['constrained'] / r['free'] - 1) * 100:+6.1f} {r['mask']:8.2f} "
+                f"{r['accept']:10.2f}"
+            )
         llm.shutdown()
 
 

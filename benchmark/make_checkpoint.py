@@ -37,8 +37,9 @@ def word_level_tokenizer(vocab_size: int, eos_id: int):
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     eos = f"t{eos_id}"
-    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=eos, pad_token=eos,
-                                   unk_token="t0")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, eos_token=eos, pad_token=eos, unk_token="t0"
+    )
 
 
 def eos_in_vocab(config: dict) -> int:

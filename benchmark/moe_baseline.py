@@ -42,11 +42,30 @@ def nearest_config(configs: Dict[int, dict], num_tokens: int) -> dict:
 
 @triton.jit
 def grouped_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, topk_weights_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    N, K, num_pairs, num_tiles,
-    stride_am, stride_ak, stride_be, stride_bn, stride_bk, stride_cm, stride_cn,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr, TOP_K: tl.constexpr,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    topk_weights_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    N,
+    K,
+    num_pairs,
+    num_tiles,
+    stride_am,
+    stride_ak,
+    stride_be,
+    stride_bn,
+    stride_bk,
+    stride_cm,
+    stride_cn,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    TOP_K: tl.constexpr,
 ):
     """C[p, :] = A[p // TOP_K, :] @ B[expert of p].T for the sorted pairs p of one tile.
 
@@ -82,13 +101,23 @@ def grouped_gemm_kernel(
         weight = tl.load(topk_weights_ptr + offs_pair, mask=pair_mask, other=0.0)
         acc = acc * weight[:, None]
     c_ptrs = c_ptr + offs_pair[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty),
-             mask=pair_mask[:, None] & (offs_n[None, :] < N))
+    tl.store(
+        c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=pair_mask[:, None] & (offs_n[None, :] < N)
+    )
 
 
-def grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, topk_weights: torch.Tensor,
-                 sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_padded: torch.Tensor,
-                 top_k: int, mul_routed_weight: bool, config: dict) -> None:
+def grouped_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    topk_weights: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_padded: torch.Tensor,
+    top_k: int,
+    mul_routed_weight: bool,
+    config: dict,
+) -> None:
     """c[p] = a[p // top_k] @ b[expert of p].T (times p's routing weight if asked), every pair p.
 
     a: [rows, K]; b: [E, N, K]; c: [num_pairs, N]; topk_weights: [num_pairs] fp32. One program
@@ -98,13 +127,32 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, topk_weights
     num_tiles, (n, k) = expert_ids.numel(), b.shape[1:]
     grid = (num_tiles * triton.cdiv(n, config["BLOCK_SIZE_N"]),)
     grouped_gemm_kernel[grid](
-        a, b, c, topk_weights, sorted_ids, expert_ids, num_padded,
-        n, k, c.shape[0], num_tiles,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), b.stride(2), c.stride(0), c.stride(1),
-        BLOCK_M=config["BLOCK_SIZE_M"], BLOCK_N=config["BLOCK_SIZE_N"],
-        BLOCK_K=config["BLOCK_SIZE_K"], GROUP_M=config["GROUP_SIZE_M"],
-        MUL_ROUTED_WEIGHT=mul_routed_weight, TOP_K=top_k,
-        num_warps=config["num_warps"], num_stages=config["num_stages"],
+        a,
+        b,
+        c,
+        topk_weights,
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        n,
+        k,
+        c.shape[0],
+        num_tiles,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
+        b.stride(2),
+        c.stride(0),
+        c.stride(1),
+        BLOCK_M=config["BLOCK_SIZE_M"],
+        BLOCK_N=config["BLOCK_SIZE_N"],
+        BLOCK_K=config["BLOCK_SIZE_K"],
+        GROUP_M=config["GROUP_SIZE_M"],
+        MUL_ROUTED_WEIGHT=mul_routed_weight,
+        TOP_K=top_k,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
     )
 
 
@@ -132,8 +180,15 @@ class TunedBaselineMoe:
         self.align = align
         self.configs = configs if configs is not None else load_configs()
 
-    def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                gating_output: torch.Tensor, topk: int, renormalize: bool) -> torch.Tensor:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        gating_output: torch.Tensor,
+        topk: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
         """hidden_states [T, H], w1 [E, 2I, H], w2 [E, H, I], gating_output [T, E] -> [T, H]."""
         from minisgl.layers.activation import silu_and_mul
         from minisgl.moe.base import select_experts
@@ -144,7 +199,8 @@ class TunedBaselineMoe:
         topk_ids = topk_ids.to(torch.int32).contiguous()
         num_experts = w1.shape[0]
         sorted_ids, expert_ids, num_padded = self.align(
-            topk_ids, count_pairs(topk_ids, num_experts), num_experts, config["BLOCK_SIZE_M"])
+            topk_ids, count_pairs(topk_ids, num_experts), num_experts, config["BLOCK_SIZE_M"]
+        )
         weights = topk_weights.flatten()  # fp32, as the kernel scales its fp32 accumulator
         num_pairs = weights.numel()
         routing = (weights, sorted_ids, expert_ids, num_padded)

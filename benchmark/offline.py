@@ -65,6 +65,7 @@ from ch15_measure import (  # noqa: E402
     nano_vllm_workload,
     write_shape,
 )
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 from minisgl.models import ModelConfig  # noqa: E402
@@ -82,15 +83,25 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--num-seqs", type=int, default=256, help="the workload's first N sequences")
     p.add_argument("--max-output", type=int, default=None, help="cap every output length")
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default=None,
-                   help="default: bf16 for --shape, the checkpoint's for --model")
+    p.add_argument(
+        "--dtype",
+        choices=sorted(DTYPES),
+        default=None,
+        help="default: bf16 for --shape, the checkpoint's for --model",
+    )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--attn", default="auto", help="attention backend")
-    p.add_argument("--tp-size", type=int, default=1,
-                   help="tensor parallelism: ranks, one GPU each (chapter 19)")
-    p.add_argument("--moe-backend", default=None,
-                   help="MoE backend: torch, fused (chapter 20), sync_free (chapter 21); "
-                   "default: auto")
+    p.add_argument(
+        "--tp-size",
+        type=int,
+        default=1,
+        help="tensor parallelism: ranks, one GPU each (chapter 19)",
+    )
+    p.add_argument(
+        "--moe-backend",
+        default=None,
+        help="MoE backend: torch, fused (chapter 20), sync_free (chapter 21); default: auto",
+    )
     p.add_argument("--max-running-req", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=4096)
     p.add_argument("--max-extend-tokens", type=int, default=16384)
@@ -101,8 +112,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hbm-gbps", type=float, default=4800.0, help="4800: an H200")
     p.add_argument("--profile", metavar="DIR", default=None)
     p.add_argument("--nvtx", action="store_true")
-    p.add_argument("--cuda-graph-max-bs", type=int, default=None,
-                   help="0: no CUDA graphs; default: the engine's (256 on a GPU)")
+    p.add_argument(
+        "--cuda-graph-max-bs",
+        type=int,
+        default=None,
+        help="0: no CUDA graphs; default: the engine's (256 on a GPU)",
+    )
     return p.parse_args()
 
 
@@ -112,8 +127,12 @@ def workload(num_seqs: int, max_output: int | None, shift: int = 0) -> Workload:
     prompts, params = nano_vllm_workload(num_seqs)
     prompts = [[(t + shift) % 10001 for t in p] for p in prompts]
     if max_output is not None:
-        params = [SamplingParams(temperature=p.temperature, ignore_eos=True,
-                                 max_tokens=min(p.max_tokens, max_output)) for p in params]
+        params = [
+            SamplingParams(
+                temperature=p.temperature, ignore_eos=True, max_tokens=min(p.max_tokens, max_output)
+            )
+            for p in params
+        ]
     return prompts, params
 
 
@@ -122,8 +141,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_generate(generate: Any, prompts: List[List[int]], params: List[SamplingParams],
-                   device: torch.device) -> float:
+def timed_generate(
+    generate: Any, prompts: List[List[int]], params: List[SamplingParams], device: torch.device
+) -> float:
     synchronize(device)
     start = time.perf_counter()
     generate(prompts, params)
@@ -133,22 +153,35 @@ def timed_generate(generate: Any, prompts: List[List[int]], params: List[Samplin
 
 def report(name: str, params: Sequence[SamplingParams], seconds: float) -> None:
     tokens = sum(p.max_tokens for p in params)
-    print(f"{name:12s} {tokens / seconds:10,.0f} output tokens/s  ({tokens:,} tokens in "
-          f"{seconds:.2f} s)", flush=True)
+    print(
+        f"{name:12s} {tokens / seconds:10,.0f} output tokens/s  ({tokens:,} tokens in "
+        f"{seconds:.2f} s)",
+        flush=True,
+    )
 
 
 def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
     dtype = DTYPES[args.dtype] if args.dtype else (torch.bfloat16 if args.shape else None)
-    options = {} if args.cuda_graph_max_bs is None else {
-        "cuda_graph_max_bs": args.cuda_graph_max_bs}  # chapter 17's option
+    options = (
+        {} if args.cuda_graph_max_bs is None else {"cuda_graph_max_bs": args.cuda_graph_max_bs}
+    )  # chapter 17's option
     if args.moe_backend:
         options["moe_backend"] = args.moe_backend  # chapter 21's option
     if args.tp_size > 1:
         options["tp_size"] = args.tp_size  # chapter 19's option
-    return LLM(model_dir, device=args.device, dtype=dtype, dummy_weights=bool(args.shape),
-               page_size=args.page_size, attention_backend=args.attn,
-               max_running_req=args.max_running_req, max_seq_len=args.max_seq_len,
-               max_extend_tokens=args.max_extend_tokens, nvtx=args.nvtx, **options)
+    return LLM(
+        model_dir,
+        device=args.device,
+        dtype=dtype,
+        dummy_weights=bool(args.shape),
+        page_size=args.page_size,
+        attention_backend=args.attn,
+        max_running_req=args.max_running_req,
+        max_seq_len=args.max_seq_len,
+        max_extend_tokens=args.max_extend_tokens,
+        nvtx=args.nvtx,
+        **options,
+    )
 
 
 def run_minisgl(args: argparse.Namespace, model_dir: str) -> None:
@@ -181,19 +214,24 @@ def breakdown(args: argparse.Namespace, llm: LLM, model_dir: str) -> None:
     prompts, params = workload(args.num_seqs, args.max_output, shift=1)
     total = timed_generate(llm.generate, prompts, params, engine.device)
     timer.enabled = False
-    print(f"\nwhere the time goes (a second run: the same lengths, other ids, the device "
-          f"synchronized at every phase's edges; {total:.2f} s):")
+    print(
+        f"\nwhere the time goes (a second run: the same lengths, other ids, the device "
+        f"synchronized at every phase's edges; {total:.2f} s):"
+    )
     print(f"  {'phase':16s} {'seconds':>9s} {'calls':>7s} {'ms/call':>9s} {'share':>6s}")
     for name, seconds in timer.seconds.items():
         calls = timer.counts[name]
-        print(f"  {name:16s} {seconds:9.3f} {calls:7d} {seconds / calls * 1e3:9.3f} "
-              f"{seconds / total:6.1%}")
+        print(
+            f"  {name:16s} {seconds:9.3f} {calls:7d} {seconds / calls * 1e3:9.3f} "
+            f"{seconds / total:6.1%}"
+        )
     rest = total - sum(timer.seconds.values())
     print(f"  {'(outside phases)':16s} {rest:9.3f} {'':7s} {'':9s} {rest / total:6.1%}")
     decode_steps = timer.counts.get("forward decode", 0)
     if decode_steps:
-        roofline(args, engine, model_dir, prompts, params, timer.seconds["forward decode"],
-                 decode_steps)
+        roofline(
+            args, engine, model_dir, prompts, params, timer.seconds["forward decode"], decode_steps
+        )
 
 
 def busy(args: argparse.Namespace, llm: LLM) -> None:
@@ -210,18 +248,23 @@ def busy(args: argparse.Namespace, llm: LLM) -> None:
     prompts, params = workload(args.num_seqs, args.max_output, shift=4)
     with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
         wall = timed_generate(llm.generate, prompts, params, device)
-    spans = [(e.start_ns(), e.start_ns() + e.duration_ns())
-             for e in prof.profiler.kineto_results.events()
-             if e.device_type() == torch.autograd.DeviceType.CUDA]
+    spans = [
+        (e.start_ns(), e.start_ns() + e.duration_ns())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == torch.autograd.DeviceType.CUDA
+    ]
     busy_ns, gaps = busy_and_gaps(spans)
     length = max(stop for _, stop in spans) - min(start for start, _ in spans)
-    print(f"\ndevice busy (a third run under torch.profiler, {wall:.2f} s): {len(spans):,} "
-          f"kernels and copies, {busy_ns / 1e9:.2f} s busy of the {length / 1e9:.2f} s "
-          f"from the first to the last ({busy_ns / length:.1%})")
+    print(
+        f"\ndevice busy (a third run under torch.profiler, {wall:.2f} s): {len(spans):,} "
+        f"kernels and copies, {busy_ns / 1e9:.2f} s busy of the {length / 1e9:.2f} s "
+        f"from the first to the last ({busy_ns / length:.1%})"
+    )
     for low, high in [(0, 10e3), (10e3, 100e3), (100e3, 1e6), (1e6, float("inf"))]:
         inside = [g for g in gaps if low <= g < high]
-        label = f"{low / 1e3:g}-{high / 1e3:g} us" if high != float("inf") else \
-            f">= {low / 1e3:g} us"
+        label = (
+            f"{low / 1e3:g}-{high / 1e3:g} us" if high != float("inf") else f">= {low / 1e3:g} us"
+        )
         print(f"  idle gaps of {label:14s} {len(inside):8,} of them, {sum(inside) / 1e9:6.3f} s")
 
 
@@ -238,8 +281,15 @@ def busy_and_gaps(spans: Sequence[Tuple[int, int]]) -> Tuple[int, List[int]]:
     return busy, gaps
 
 
-def roofline(args: argparse.Namespace, engine: Any, model_dir: str, prompts: List[List[int]],
-             params: List[SamplingParams], decode_seconds: float, decode_steps: int) -> None:
+def roofline(
+    args: argparse.Namespace,
+    engine: Any,
+    model_dir: str,
+    prompts: List[List[int]],
+    params: List[SamplingParams],
+    decode_seconds: float,
+    decode_steps: int,
+) -> None:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     size = engine.dtype.itemsize
     weights = decode_weight_params(ModelConfig.from_dict(config)) * size
@@ -248,11 +298,15 @@ def roofline(args: argparse.Namespace, engine: Any, model_dir: str, prompts: Lis
     context = decode_context_tokens([len(p) for p in prompts], outputs) / decode_steps
     floor = decode_floor_s(weights, kv, context, args.hbm_gbps * 1e9)
     measured = decode_seconds / decode_steps
-    print(f"\nroofline: a decode step reads {weights / 1e9:.3f} GB of weights and the KV of "
-          f"{context:,.0f} cached tokens ({kv * context / 1e9:.3f} GB) on average")
-    print(f"  floor at {args.hbm_gbps:,.0f} GB/s: {floor * 1e3:.3f} ms; measured decode forward: "
-          f"{measured * 1e3:.3f} ms over {decode_steps} steps ({floor / measured:.1%} of the "
-          f"bandwidth)")
+    print(
+        f"\nroofline: a decode step reads {weights / 1e9:.3f} GB of weights and the KV of "
+        f"{context:,.0f} cached tokens ({kv * context / 1e9:.3f} GB) on average"
+    )
+    print(
+        f"  floor at {args.hbm_gbps:,.0f} GB/s: {floor * 1e3:.3f} ms; measured decode forward: "
+        f"{measured * 1e3:.3f} ms over {decode_steps} steps ({floor / measured:.1%} of the "
+        f"bandwidth)"
+    )
 
 
 def profile(llm: LLM, directory: Path, args: argparse.Namespace) -> None:
@@ -263,8 +317,7 @@ def profile(llm: LLM, directory: Path, args: argparse.Namespace) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     prompts, params = workload(min(args.num_seqs, 16), 16, shift=3)
     device = llm.scheduler.engine.device
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
-                                           else [])
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch_profile(activities=activities) as prof:
         timed_generate(llm.generate, prompts, params, device)
     prof.export_chrome_trace(str(directory / "trace.json"))
@@ -281,20 +334,27 @@ def run_hf(args: argparse.Namespace, model_dir: str) -> None:
     device = resolve_device(args.device)
     dtype = DTYPES[args.dtype] if args.dtype else torch.bfloat16
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir),
-                                                 dtype=dtype).eval()
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.from_pretrained(model_dir), dtype=dtype
+        ).eval()
     warm_prompts, warm_params = workload(min(args.num_seqs, 4), 8, shift=2)
     hf_generate(model, warm_prompts, warm_params, device, len(warm_prompts))
     prompts, params = workload(args.num_seqs, args.max_output)
     batch = args.hf_batch_size or len(prompts)
-    seconds = timed_generate(lambda p, s: hf_generate(model, p, s, device, batch), prompts,
-                             params, device)
+    seconds = timed_generate(
+        lambda p, s: hf_generate(model, p, s, device, batch), prompts, params, device
+    )
     report("transformers", params, seconds)
 
 
 @torch.inference_mode()
-def hf_generate(model: Any, prompts: List[List[int]], params: List[SamplingParams],
-                device: torch.device, batch_size: int) -> None:
+def hf_generate(
+    model: Any,
+    prompts: List[List[int]],
+    params: List[SamplingParams],
+    device: torch.device,
+    batch_size: int,
+) -> None:
     """Batches of ``batch_size`` prompts, left-padded, each run to its longest requested output."""
     for start in range(0, len(prompts), batch_size):
         rows = prompts[start : start + batch_size]
@@ -302,25 +362,40 @@ def hf_generate(model: Any, prompts: List[List[int]], params: List[SamplingParam
         width = max(len(r) for r in rows)
         ids = torch.tensor([[0] * (width - len(r)) + r for r in rows], device=device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
-        model.generate(ids, attention_mask=mask, do_sample=True, temperature=0.6, top_k=0,
-                       top_p=1.0, max_new_tokens=longest, min_new_tokens=longest,
-                       pad_token_id=0)
+        model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=True,
+            temperature=0.6,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=longest,
+            min_new_tokens=longest,
+            pad_token_id=0,
+        )
 
 
 def main() -> None:
     args = parse_args()
     prompts, params = nano_vllm_workload()
-    print(f"nano-vllm's workload: {len(prompts)} sequences, {sum(map(len, prompts)):,} input "
-          f"and {sum(p.max_tokens for p in params):,} output tokens")
+    print(
+        f"nano-vllm's workload: {len(prompts)} sequences, {sum(map(len, prompts)):,} input "
+        f"and {sum(p.max_tokens for p in params):,} output tokens"
+    )
     prompts, params = workload(args.num_seqs, args.max_output)
-    print(f"this run: the first {len(prompts)}, {sum(map(len, prompts)):,} input and "
-          f"{sum(p.max_tokens for p in params):,} output tokens"
-          + (f" (outputs capped at {args.max_output})" if args.max_output else ""))
+    print(
+        f"this run: the first {len(prompts)}, {sum(map(len, prompts)):,} input and "
+        f"{sum(p.max_tokens for p in params):,} output tokens"
+        + (f" (outputs capped at {args.max_output})" if args.max_output else "")
+    )
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = str(write_shape(args.shape, tmp)) if args.shape else args.model
-        print(f"model: {args.shape or args.model}, page size {args.page_size}, "
-              f"attention {args.attn}, device {resolve_device(args.device)}"
-              + (f", MoE backend {args.moe_backend}" if args.moe_backend else ""), flush=True)
+        print(
+            f"model: {args.shape or args.model}, page size {args.page_size}, "
+            f"attention {args.attn}, device {resolve_device(args.device)}"
+            + (f", MoE backend {args.moe_backend}" if args.moe_backend else ""),
+            flush=True,
+        )
         run_minisgl(args, model_dir)
         if args.compare == "hf":
             run_hf(args, model_dir)

@@ -67,8 +67,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--max-output", type=int, default=None, help="cap max_tokens")
     p.add_argument("--vocab-size", type=int, default=10001, help="ids are taken modulo this")
     p.add_argument("--seed", type=int, default=0, help="of the Poisson gaps")
-    p.add_argument("--client", choices=("openai", "raw"), default="openai",
-                   help="the openai package, or httpx with json.loads on each event")
+    p.add_argument(
+        "--client",
+        choices=("openai", "raw"),
+        default="openai",
+        help="the openai package, or httpx with json.loads on each event",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON too")
     return p.parse_args()
 
@@ -90,8 +94,14 @@ async def one_request(client: Any, model: str, request: Request) -> Dict[str, fl
     first = last = 0.0
     tokens = 0
     stream = await client.completions.create(
-        model=model, prompt=ids, max_tokens=max_tokens, temperature=0.6, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        model=model,
+        prompt=ids,
+        max_tokens=max_tokens,
+        temperature=0.6,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
     async for chunk in stream:
         if chunk.usage is not None:
             tokens = chunk.usage.completion_tokens
@@ -101,12 +111,20 @@ async def one_request(client: Any, model: str, request: Request) -> Dict[str, fl
     return {**request_latencies(sent, first, last, tokens), "tokens": tokens}
 
 
-async def one_raw_request(client: httpx.AsyncClient, model: str,
-                          request: Request) -> Dict[str, float]:
+async def one_raw_request(
+    client: httpx.AsyncClient, model: str, request: Request
+) -> Dict[str, float]:
     """The same request, its server-sent events read line by line."""
     ids, max_tokens = request
-    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.6,
-            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    body = {
+        "model": model,
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "temperature": 0.6,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
     sent = time.perf_counter()
     first = last = 0.0
     tokens = 0
@@ -124,8 +142,9 @@ async def one_raw_request(client: httpx.AsyncClient, model: str,
     return {**request_latencies(sent, first, last, tokens), "tokens": tokens}
 
 
-async def run(args: argparse.Namespace,
-              base_url: str) -> Tuple[List[Dict[str, float]], float, float]:
+async def run(
+    args: argparse.Namespace, base_url: str
+) -> Tuple[List[Dict[str, float]], float, float]:
     """Every request's figures, the wall time and the client's CPU time, both from the first
     send to the last reply."""
     from openai import AsyncOpenAI
@@ -133,10 +152,13 @@ async def run(args: argparse.Namespace,
     requests = make_requests(args)
     gaps = random.Random(args.seed)
     limit = asyncio.Semaphore(args.concurrency or len(requests))
-    raw = httpx.AsyncClient(base_url=base_url.rstrip("/") + "/", timeout=3600,
-                            limits=httpx.Limits(max_connections=None))
-    async with AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0,
-                           timeout=3600) as client, raw:
+    raw = httpx.AsyncClient(
+        base_url=base_url.rstrip("/") + "/", timeout=3600, limits=httpx.Limits(max_connections=None)
+    )
+    async with (
+        AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=3600) as client,
+        raw,
+    ):
         model = (await client.models.list()).data[0].id
 
         async def limited(request: Request) -> Dict[str, float]:
@@ -158,8 +180,10 @@ async def run(args: argparse.Namespace,
     if ttft_before and ttft_after and ttft_after[1] > ttft_before[1]:
         server = (ttft_after[0] - ttft_before[0]) / (ttft_after[1] - ttft_before[1])
         client = sum(r["ttft"] for r in results) / len(results)
-        print(f"TTFT mean: {client * 1e3:.1f} ms by the client, {server * 1e3:.1f} ms by the "
-              "server's own clock (its /metrics)")
+        print(
+            f"TTFT mean: {client * 1e3:.1f} ms by the client, {server * 1e3:.1f} ms by the "
+            "server's own clock (its /metrics)"
+        )
     return results, seconds, cpu_s
 
 
@@ -170,11 +194,16 @@ def server_ttft(base_url: str) -> Tuple[float, float] | None:
         text = httpx.get(base_url.rstrip("/").removesuffix("/v1") + "/metrics", timeout=10).text
     except httpx.HTTPError:
         return None
-    found = dict(line.split(" ", 1) for line in text.splitlines()
-                 if line.startswith("minisgl:time_to_first_token_seconds_"))
+    found = dict(
+        line.split(" ", 1)
+        for line in text.splitlines()
+        if line.startswith("minisgl:time_to_first_token_seconds_")
+    )
     try:
-        return (float(found["minisgl:time_to_first_token_seconds_sum"]),
-                float(found["minisgl:time_to_first_token_seconds_count"]))
+        return (
+            float(found["minisgl:time_to_first_token_seconds_sum"]),
+            float(found["minisgl:time_to_first_token_seconds_count"]),
+        )
     except (KeyError, ValueError):
         return None
 
@@ -186,9 +215,13 @@ def client_cpu_s() -> float:
 
 def summary(results: List[Dict[str, float]], seconds: float, cpu_s: float) -> Dict[str, Any]:
     tokens = sum(r["tokens"] for r in results)
-    out: Dict[str, Any] = {"requests": len(results), "seconds": seconds,
-                           "output_tokens": tokens, "output_tokens_per_s": tokens / seconds,
-                           "client_cpu_s": cpu_s}
+    out: Dict[str, Any] = {
+        "requests": len(results),
+        "seconds": seconds,
+        "output_tokens": tokens,
+        "output_tokens_per_s": tokens / seconds,
+        "client_cpu_s": cpu_s,
+    }
     for metric in ("ttft", "tpot", "e2e"):
         values = [r[metric] for r in results]
         out[metric] = {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
@@ -196,9 +229,11 @@ def summary(results: List[Dict[str, float]], seconds: float, cpu_s: float) -> Di
 
 
 def show(s: Dict[str, Any]) -> None:
-    print(f"{s['requests']} requests, {s['output_tokens']:,} output tokens in "
-          f"{s['seconds']:.2f} s: {s['output_tokens_per_s']:,.1f} output tokens/s; the client "
-          f"used {s['client_cpu_s']:.2f} CPU-s")
+    print(
+        f"{s['requests']} requests, {s['output_tokens']:,} output tokens in "
+        f"{s['seconds']:.2f} s: {s['output_tokens_per_s']:,.1f} output tokens/s; the client "
+        f"used {s['client_cpu_s']:.2f} CPU-s"
+    )
     print(f"{'':6s} {'p50':>10s} {'p90':>10s} {'p99':>10s}  (ms)")
     for metric in ("ttft", "tpot", "e2e"):
         row = " ".join(f"{s[metric][p] * 1e3:10.1f}" for p in ("p50", "p90", "p99"))
@@ -217,8 +252,18 @@ def launched(model: str, server_args: str) -> Iterator[str]:
     port = free_port()
     paths = [str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]  # keep the caller's
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
-    cmd = [sys.executable, "-m", "minisgl", "--model", model, "--host", "127.0.0.1",
-           "--port", str(port), *shlex.split(server_args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "minisgl",
+        "--model",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *shlex.split(server_args),
+    ]
     proc = subprocess.Popen(cmd, env=env)
     try:
         wait_healthy(f"http://127.0.0.1:{port}", proc)

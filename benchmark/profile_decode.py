@@ -49,6 +49,7 @@ from ch15_measure import (  # noqa: E402
     workload_floor,
     write_shape,
 )
+
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.engine.config import EngineConfig  # noqa: E402
 from minisgl.engine.engine import Engine  # noqa: E402
@@ -61,10 +62,16 @@ KINDS: List[Tuple[str, str]] = [
     ("KV store", r"store_kv|store_cache|kv_store"),
     ("rotary", r"rope|rotary|rotate"),
     ("norm", r"rms|norm"),
-    ("MoE", r"moe|gate_up|_down_kernel|route_and_count|sum_chunks|plan_tiles|"
-            r"scatter_pairs|sum_choices"),
-    ("sampling", r"race_blocks|pick_winner|multinomial|softmax|sample|argmax|topk|sort|"
-                 r"exponential|distribution|philox|gumbel"),
+    (
+        "MoE",
+        r"moe|gate_up|_down_kernel|route_and_count|sum_chunks|plan_tiles|"
+        r"scatter_pairs|sum_choices",
+    ),
+    (
+        "sampling",
+        r"race_blocks|pick_winner|multinomial|softmax|sample|argmax|topk|sort|"
+        r"exponential|distribution|philox|gumbel",
+    ),
     ("activation", r"silu|gelu|swiglu|act_and_mul"),
     ("GEMM", r"gemm|gemv|cutlass|xmma|nvjet|cublas|matmul|splitk|sm90_|\bmm_"),
     ("elementwise/copy", r"elementwise|copy|memcpy|memset|fill|cat|index|gather|scatter|reduce"),
@@ -80,10 +87,17 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
     p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--context", type=int, default=None,
-                   help="cached tokens per request; default: the workload's mean decode context")
-    p.add_argument("--mean-step", action="store_true",
-                   help="the workload's mean decode step: its mean batch and mean context")
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        help="cached tokens per request; default: the workload's mean decode context",
+    )
+    p.add_argument(
+        "--mean-step",
+        action="store_true",
+        help="the workload's mean decode step: its mean batch and mean context",
+    )
     p.add_argument("--page-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=20, help="timed steps (median)")
     p.add_argument("--json", metavar="PATH", default=None)
@@ -102,8 +116,9 @@ def decode_batch(engine: Engine, batch_size: int, context: int) -> List[Req]:
     offsets = torch.arange(size)
     slots = (pages.view(batch_size, pages_each, 1) * size + offsets).flatten(1)
     engine.page_table[:batch_size, : slots.shape[1]] = slots.to(engine.device, torch.int32)
-    ids = torch.randint(0, engine.model_config.vocab_size, (batch_size, context + 1),
-                        generator=gen).tolist()
+    ids = torch.randint(
+        0, engine.model_config.vocab_size, (batch_size, context + 1), generator=gen
+    ).tolist()
     params = SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=1 << 20)
     return [Req(i, ids[i], params, table_idx=i, cached_len=context) for i in range(batch_size)]
 
@@ -147,8 +162,16 @@ def by_kind(kernels: Dict[str, Tuple[int, float]]) -> List[Dict[str, object]]:
         micros[kind_of(name)] += us
     total = sum(micros.values())
     order = [kind for kind, _ in KINDS] + ["other"]
-    return [{"kind": kind, "kernels": count[kind], "us": round(micros[kind], 1),
-             "share": round(micros[kind] / total, 4)} for kind in order if count[kind]]
+    return [
+        {
+            "kind": kind,
+            "kernels": count[kind],
+            "us": round(micros[kind], 1),
+            "share": round(micros[kind] / total, 4),
+        }
+        for kind in order
+        if count[kind]
+    ]
 
 
 def main() -> int:
@@ -161,12 +184,25 @@ def main() -> int:
     context = args.context if args.context is not None else mean_context
     if args.mean_step:
         args.batch, context = round(floor.sequences), mean_context
-    floor_us = decode_floor_s(weight_bytes(SHAPES[args.shape]), kv_bytes_per_token(
-        SHAPES[args.shape]), args.batch * context, HBM_BYTES_PER_S) * 1e6
+    floor_us = (
+        decode_floor_s(
+            weight_bytes(SHAPES[args.shape]),
+            kv_bytes_per_token(SHAPES[args.shape]),
+            args.batch * context,
+            HBM_BYTES_PER_S,
+        )
+        * 1e6
+    )
     with tempfile.TemporaryDirectory() as tmp:
-        config = EngineConfig(str(write_shape(args.shape, tmp)), device="cuda",
-                              dtype=torch.bfloat16, page_size=args.page_size,
-                              max_running_req=args.batch, max_seq_len=4096, dummy_weights=True)
+        config = EngineConfig(
+            str(write_shape(args.shape, tmp)),
+            device="cuda",
+            dtype=torch.bfloat16,
+            page_size=args.page_size,
+            max_running_req=args.batch,
+            max_seq_len=4096,
+            dummy_weights=True,
+        )
         engine = Engine(config)
     reqs = decode_batch(engine, args.batch, context)
     for _ in range(3):  # warm-up: the sampler's first call, the graph's first replay
@@ -175,12 +211,18 @@ def main() -> int:
     kernels = profile_kernels(engine, reqs, context)
     rows = by_kind(kernels)
     total_us = sum(float(r["us"]) for r in rows)  # type: ignore[arg-type]
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.shape}, batch "
-          f"{args.batch}, {context} cached tokens each, pages of {args.page_size}")
-    print(f"one decode step: {step_us:.0f} us (median of {args.steps}, CUDA events); "
-          f"{sum(n for n, _ in kernels.values())} kernels, {total_us:.0f} us of kernel time")
-    print(f"its floor (weights and K/V read once at {HBM_BYTES_PER_S / 1e12:.1f} TB/s): "
-          f"{floor_us:.0f} us; the step is {step_us / floor_us:.2f}x it\n")
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {args.shape}, batch "
+        f"{args.batch}, {context} cached tokens each, pages of {args.page_size}"
+    )
+    print(
+        f"one decode step: {step_us:.0f} us (median of {args.steps}, CUDA events); "
+        f"{sum(n for n, _ in kernels.values())} kernels, {total_us:.0f} us of kernel time"
+    )
+    print(
+        f"its floor (weights and K/V read once at {HBM_BYTES_PER_S / 1e12:.1f} TB/s): "
+        f"{floor_us:.0f} us; the step is {step_us / floor_us:.2f}x it\n"
+    )
     print(f"{'kind':18s} {'kernels':>8s} {'total us':>10s} {'share':>7s}")
     for r in rows:
         print(f"{r['kind']:18s} {r['kernels']:8d} {r['us']:10.1f} {r['share']:7.1%}")
@@ -189,14 +231,25 @@ def main() -> int:
     for name, (n, us) in top:
         print(f"  {us:9.1f} us {n:5d}x  {kind_of(name):16s} {name[:80]}")
     if args.json:
-        record = {"date": datetime.date.today().isoformat(), "gpu": torch.cuda.get_device_name(),
-                  "torch": torch.__version__, "python": platform.python_version(),
-                  "shape": args.shape, "batch": args.batch, "context": context,
-                  "page_size": args.page_size, "step_us": round(step_us, 1),
-                  "floor_us": round(floor_us, 1),
-                  "kernels": sum(n for n, _ in kernels.values()), "kernel_us": round(total_us, 1),
-                  "rows": rows, "top": [{"name": name, "kind": kind_of(name), "count": n,
-                                         "us": round(us, 1)} for name, (n, us) in top]}
+        record = {
+            "date": datetime.date.today().isoformat(),
+            "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "shape": args.shape,
+            "batch": args.batch,
+            "context": context,
+            "page_size": args.page_size,
+            "step_us": round(step_us, 1),
+            "floor_us": round(floor_us, 1),
+            "kernels": sum(n for n, _ in kernels.values()),
+            "kernel_us": round(total_us, 1),
+            "rows": rows,
+            "top": [
+                {"name": name, "kind": kind_of(name), "count": n, "us": round(us, 1)}
+                for name, (n, us) in top
+            ],
+        }
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     engine.shutdown()
     return 0

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from bench_moe import QWEN3_30B_A3B, graph_of, make_weights, median_ms  # noqa: E402
+
 from minisgl.kernel.moe_routing import align, route  # noqa: E402
 from minisgl.moe.configs import get_config  # noqa: E402
 from minisgl.moe.sync_free import SyncFreeMoeBackend  # noqa: E402
@@ -70,14 +71,18 @@ def padding(logits: torch.Tensor, topk: int, inter: int, dtype: torch.dtype) -> 
     block_m = config["BLOCK_M"]
     sorted_ids, _, num_padded = align(ids, block_counts, experts, block_m)
     slots, pairs = int(num_padded.item()), ids.numel()
-    line = (f"BLOCK_M {block_m}: {slots} slots for {pairs} pairs, "
-            f"{100 * (1 - pairs / slots):.1f}% padding")
+    line = (
+        f"BLOCK_M {block_m}: {slots} slots for {pairs} pairs, "
+        f"{100 * (1 - pairs / slots):.1f}% padding"
+    )
     splits = {gemm: config[gemm].get("TAIL_SPLIT", 1) for gemm in ("gate_up", "down")}
     for gemm, split in splits.items():
         if split > 1:
             rows = computed_rows(sorted_ids[:slots].view(-1, block_m), pairs, split)
-            line += (f"; {gemm} with TAIL_SPLIT {split} computes {rows} rows, "
-                     f"{100 * (1 - pairs / rows):.1f}% padding")
+            line += (
+                f"; {gemm} with TAIL_SPLIT {split} computes {rows} rows, "
+                f"{100 * (1 - pairs / rows):.1f}% padding"
+            )
     return line
 
 
@@ -101,8 +106,10 @@ def main() -> int:
         replay, _ = graph_of(call)
         total = median_ms(replay, device, args.iters) * 1e3
         kernels = kernel_us(call, args.iters)
-        print(f"\nT={tokens}: graph replay {total:.1f} us, kernels {sum(kernels.values()):.1f} us; "
-              f"{padding(logits, shape.topk, shape.inter, shape.dtype)}")
+        print(
+            f"\nT={tokens}: graph replay {total:.1f} us, kernels {sum(kernels.values()):.1f} us; "
+            f"{padding(logits, shape.topk, shape.inter, shape.dtype)}"
+        )
         for name, us in sorted(kernels.items(), key=lambda item: -item[1]):
             print(f"  {us:9.1f} us  {name[:70]}")
     return 0

@@ -36,19 +36,33 @@ from minisgl.kernel import fused_moe, moe_routing  # noqa: E402
 Candidate = Dict[str, int]  # module constant -> value
 SPACES: Dict[str, Tuple[object, List[Candidate]]] = {
     "routing": (moe_routing, [dict(ROUTE_TOKENS_PER_WARP=t) for t in (16, 8, 4, 2)]),
-    "plan": (moe_routing, [dict(PLAN_CHUNK_B=c, PLAN_TILE_CHUNK=t, PLAN_WARPS=w) for c, t, w
-                           in itertools.product((16, 32, 64), (64, 128, 256), (2, 4, 8))]),
+    "plan": (
+        moe_routing,
+        [
+            dict(PLAN_CHUNK_B=c, PLAN_TILE_CHUNK=t, PLAN_WARPS=w)
+            for c, t, w in itertools.product((16, 32, 64), (64, 128, 256), (2, 4, 8))
+        ],
+    ),
     "scatter": (moe_routing, [dict(SCATTER_WARPS=w) for w in (1, 2, 4, 8)]),
-    "k-sum": (fused_moe, [dict(SUM_BLOCK_T=t, SUM_BLOCK_H=h, SUM_WARPS=w) for t, h, w
-                          in itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048), (4, 8))]),
+    "k-sum": (
+        fused_moe,
+        [
+            dict(SUM_BLOCK_T=t, SUM_BLOCK_H=h, SUM_WARPS=w)
+            for t, h, w in itertools.product((1, 2, 4, 8), (256, 512, 1024, 2048), (4, 8))
+        ],
+    ),
 }
-KERNELS = {"routing": ("_route_and_count_kernel",),
-           "plan": ("_sum_chunks_kernel", "_plan_tiles_kernel"),
-           "scatter": ("_scatter_pairs_kernel",), "k-sum": ("_sum_choices_kernel",)}
+KERNELS = {
+    "routing": ("_route_and_count_kernel",),
+    "plan": ("_sum_chunks_kernel", "_plan_tiles_kernel"),
+    "scatter": ("_scatter_pairs_kernel",),
+    "k-sum": ("_sum_choices_kernel",),
+}
 
 
-def calls(tokens: int, experts: int, topk: int, hidden: int, block_m: int, sum_tokens: int,
-          device: str) -> Dict[str, Callable[[], Tuple[torch.Tensor, ...]]]:
+def calls(
+    tokens: int, experts: int, topk: int, hidden: int, block_m: int, sum_tokens: int, device: str
+) -> Dict[str, Callable[[], Tuple[torch.Tensor, ...]]]:
     """Each sweep's call, on one routing of random logits (the k-sum on sum_tokens tokens);
     each returns what it writes (of sorted_ids the used slots only: the rest is never read)."""
     logits = torch.randn(tokens, experts, device=device)
@@ -57,10 +71,14 @@ def calls(tokens: int, experts: int, topk: int, hidden: int, block_m: int, sum_t
 
     def aligned() -> Tuple[torch.Tensor, ...]:
         sorted_ids, expert_ids, num_padded = moe_routing.align(ids, counts, experts, block_m)
-        return sorted_ids[:int(num_padded.item())], expert_ids, num_padded
+        return sorted_ids[: int(num_padded.item())], expert_ids, num_padded
 
-    return {"routing": lambda: moe_routing.route(logits, topk, True), "plan": aligned,
-            "scatter": aligned, "k-sum": lambda: (fused_moe.sum_choices(y, topk),)}
+    return {
+        "routing": lambda: moe_routing.route(logits, topk, True),
+        "plan": aligned,
+        "scatter": aligned,
+        "k-sum": lambda: (fused_moe.sum_choices(y, topk),),
+    }
 
 
 def with_constants(module: object, candidate: Candidate, run: Callable[[], object]) -> object:
@@ -87,8 +105,7 @@ def timed_us(run: Callable[[], object], kernels: Tuple[str, ...], iters: int) ->
     return sum(us for name, us in per_kernel.items() if name.startswith(kernels))
 
 
-def sweep(name: str, run: Callable[[], Tuple[torch.Tensor, ...]], iters: int,
-          timed: bool) -> bool:
+def sweep(name: str, run: Callable[[], Tuple[torch.Tensor, ...]], iters: int, timed: bool) -> bool:
     """Every candidate of one sweep: True if all agree with the current choice."""
     module, candidates = SPACES[name]
     chosen = current(module, candidates)
@@ -104,8 +121,10 @@ def sweep(name: str, run: Callable[[], Tuple[torch.Tensor, ...]], iters: int,
             us = with_constants(module, candidate, lambda: timed_us(run, KERNELS[name], iters))
             results.append((us, candidate))
     if not timed:
-        print(f"  {name}: {len(candidates)} candidates, "
-              f"{'all agree' if agree else 'NOT all agree'} with the current choice {chosen}")
+        print(
+            f"  {name}: {len(candidates)} candidates, "
+            f"{'all agree' if agree else 'NOT all agree'} with the current choice {chosen}"
+        )
         return agree
     results.sort(key=lambda r: r[0])
     rank = next(i for i, (_, c) in enumerate(results) if c == chosen)
@@ -120,8 +139,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", default="4096,16384")
     p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--quick", action="store_true", help="tiny shape, interpreted on a CPU: "
-                   "checks that every candidate agrees")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shape, interpreted on a CPU: checks that every candidate agrees",
+    )
     args = p.parse_args()
     timed = torch.cuda.is_available() and not args.quick
     if not timed and not args.quick:
@@ -138,8 +160,9 @@ def main() -> int:
     for tokens in tokens_list:
         torch.manual_seed(tokens)
         print(f"T={tokens}, E={experts}, top-{topk}, H={hidden}")
-        for name, run in calls(tokens, experts, topk, hidden, block_m,
-                                       21 if args.quick else tokens, device).items():
+        for name, run in calls(
+            tokens, experts, topk, hidden, block_m, 21 if args.quick else tokens, device
+        ).items():
             agree &= sweep(name, run, args.iters, timed)
     return 0 if agree else 1
 

@@ -59,28 +59,43 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--inter", type=int, default=768, help="the intermediate size I (N)")
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--tokens", default=None,
-                   help="token counts, comma-separated (default: 1, 2, 4 ... 16384; "
-                        "with --quick 1, 5, 33)")
-    p.add_argument("--block-m", type=lambda s: [int(m) for m in s.split(",")], default=None,
-                   help="try only these tile heights (comma-separated) on the aligned path, of "
-                        "those that suit each token count")
-    p.add_argument("--out", type=Path, default=None,
-                   help=f"where the JSON goes (default {CONFIG_DIR.relative_to(ROOT)}; with "
-                        "--quick a new temporary directory)")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny shape, two candidates, interpreted on a CPU: checks that it runs")
+    p.add_argument(
+        "--tokens",
+        default=None,
+        help="token counts, comma-separated (default: 1, 2, 4 ... 16384; with --quick 1, 5, 33)",
+    )
+    p.add_argument(
+        "--block-m",
+        type=lambda s: [int(m) for m in s.split(",")],
+        default=None,
+        help="try only these tile heights (comma-separated) on the aligned path, of "
+        "those that suit each token count",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"where the JSON goes (default {CONFIG_DIR.relative_to(ROOT)}; with "
+        "--quick a new temporary directory)",
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny shape, two candidates, interpreted on a CPU: checks that it runs",
+    )
     return p.parse_args()
 
 
-def block_ms(num_tokens: int, topk: int, num_experts: int,
-             only: List[int] | None = None) -> List[int]:
+def block_ms(
+    num_tokens: int, topk: int, num_experts: int, only: List[int] | None = None
+) -> List[int]:
     """The tile heights worth trying for the mean pairs per expert (chapter 20's exercise 1):
     16 (tl.dot's smallest) while experts get few pairs, 128 once they get many, 64 between;
     of those, the ones in ``only`` if given (a shorter search)."""
     per_expert = num_tokens * topk / num_experts
-    suit = [m for m, lo, hi in ((16, 0, 32), (64, 4, 1e9), (128, 32, 1e9)) if lo <= per_expert
-            <= hi]
+    suit = [
+        m for m, lo, hi in ((16, 0, 32), (64, 4, 1e9), (128, 32, 1e9)) if lo <= per_expert <= hi
+    ]
     return [m for m in suit if only is None or m in only]
 
 
@@ -93,9 +108,11 @@ def decode_candidates(kernel: str, topk: int, quick: bool) -> Iterator[Gemm]:
     elif kernel == "gate_up":
         space = itertools.product((16, 32, 64), (64, 128), (4,), (3, 4))
     else:
-        space = [(n, k, w, 2) for n, k, w in itertools.product((4, 8, 16), (64, 128, 256, 512),
-                                                                (2, 4, 8))
-                 if topk * n * k <= 64 * 32 * w]
+        space = [
+            (n, k, w, 2)
+            for n, k, w in itertools.product((4, 8, 16), (64, 128, 256, 512), (2, 4, 8))
+            if topk * n * k <= 64 * 32 * w
+        ]
     for n, k, w, s in space:
         yield dict(BLOCK_N=n, BLOCK_K=k, GROUP_M=1, num_warps=w, num_stages=s)
 
@@ -103,8 +120,9 @@ def decode_candidates(kernel: str, topk: int, quick: bool) -> Iterator[Gemm]:
 def candidates(block_m: int, quick: bool) -> Iterator[Gemm]:
     """Each GEMM's tile widths, depths, swizzle groups, warps and pipeline stages for BLOCK_M."""
     if quick:
-        yield from (dict(BLOCK_N=16, BLOCK_K=16, GROUP_M=g, num_warps=4, num_stages=2)
-                    for g in (1, 4))
+        yield from (
+            dict(BLOCK_N=16, BLOCK_K=16, GROUP_M=g, num_warps=4, num_stages=2) for g in (1, 4)
+        )
         return
     if block_m <= 32:  # few rows: read the weights in wide K steps with enough programs
         space = itertools.product((32, 64, 128), (64, 128, 256), (1,), (4,), (3, 4))
@@ -136,8 +154,9 @@ def time_us(fn: Callable[[], None], quick: bool) -> float:
     return triton.testing.do_bench_cudagraph(fn, rep=20) * 1e3
 
 
-def best_of(make_call: Callable[[Gemm], Callable[[], None]],
-            space: Iterator[Gemm], quick: bool) -> Tuple[Gemm, float]:
+def best_of(
+    make_call: Callable[[Gemm], Callable[[], None]], space: Iterator[Gemm], quick: bool
+) -> Tuple[Gemm, float]:
     """The fastest candidate and its time; those that fail to compile (too much shared memory)
     are skipped."""
     best: Tuple[Gemm, float] | None = None
@@ -156,32 +175,59 @@ def best_of(make_call: Callable[[Gemm], Callable[[], None]],
     return best
 
 
-def tune_aligned(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
-                 w1: torch.Tensor, w2: torch.Tensor) -> MoeConfig:
+def tune_aligned(
+    args: argparse.Namespace,
+    x: torch.Tensor,
+    gating: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+) -> MoeConfig:
     """Per BLOCK_M each GEMM's best, then the BLOCK_M whose two sum to the least."""
     weights, topk_ids, block_counts = route(gating, args.topk, True)
     y = x.new_empty(x.shape[0] * args.topk, args.hidden)
     results = []
     heights = block_ms(x.shape[0], args.topk, args.experts, args.block_m)
     if not heights:
-        raise SystemExit(f"--block-m {args.block_m}: none suits {x.shape[0]} tokens "
-                         f"({block_ms(x.shape[0], args.topk, args.experts)} would)")
+        raise SystemExit(
+            f"--block-m {args.block_m}: none suits {x.shape[0]} tokens "
+            f"({block_ms(x.shape[0], args.topk, args.experts)} would)"
+        )
     for block_m in heights:
         sorted_ids, expert_ids, num_padded = align(topk_ids, block_counts, args.experts, block_m)
         h = x.new_empty(sorted_ids.numel(), args.inter)
-        gate_up, gate_up_us = best_of(lambda g: lambda: gate_up_silu(
-            x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g),
-            with_tail_splits(candidates(block_m, args.quick), block_m), args.quick)
-        down_cfg, down_us = best_of(lambda g: lambda: down(
-            h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g),
-            with_tail_splits(candidates(block_m, args.quick), block_m), args.quick)
-        results.append(dict(path="aligned", BLOCK_M=block_m, gate_up=gate_up, down=down_cfg,
-                            us=dict(gate_up=round(gate_up_us, 2), down=round(down_us, 2))))
+        gate_up, gate_up_us = best_of(
+            lambda g: (
+                lambda: gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, args.topk, g)
+            ),
+            with_tail_splits(candidates(block_m, args.quick), block_m),
+            args.quick,
+        )
+        down_cfg, down_us = best_of(
+            lambda g: (
+                lambda: down(h, w2, y, weights.view(-1), sorted_ids, expert_ids, num_padded, g)
+            ),
+            with_tail_splits(candidates(block_m, args.quick), block_m),
+            args.quick,
+        )
+        results.append(
+            dict(
+                path="aligned",
+                BLOCK_M=block_m,
+                gate_up=gate_up,
+                down=down_cfg,
+                us=dict(gate_up=round(gate_up_us, 2), down=round(down_us, 2)),
+            )
+        )
     return min(results, key=lambda r: r["us"]["gate_up"] + r["us"]["down"])
 
 
-def tune_decode(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
-                w1: torch.Tensor, w2: torch.Tensor) -> MoeConfig:
+def tune_decode(
+    args: argparse.Namespace,
+    x: torch.Tensor,
+    gating: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+) -> MoeConfig:
     """The first GEMM's best with the heuristic's second, then the second's best: each timed
     as the whole three-launch layer, routing included."""
     backend = SyncFreeMoeBackend()
@@ -191,15 +237,24 @@ def tune_decode(args: argparse.Namespace, x: torch.Tensor, gating: torch.Tensor,
         config = dict(path="decode", gate_up=gate_up, down=down_cfg)
         return lambda: backend.forward_with(config, x, w1, w2, gating, args.topk, True)
 
-    gate_up, _ = best_of(lambda g: layer(g, start["down"]),
-                         decode_candidates("gate_up", args.topk, args.quick), args.quick)
-    down_cfg, us = best_of(lambda g: layer(gate_up, g),
-                           decode_candidates("down", args.topk, args.quick), args.quick)
+    gate_up, _ = best_of(
+        lambda g: layer(g, start["down"]),
+        decode_candidates("gate_up", args.topk, args.quick),
+        args.quick,
+    )
+    down_cfg, us = best_of(
+        lambda g: layer(gate_up, g), decode_candidates("down", args.topk, args.quick), args.quick
+    )
     return dict(path="decode", gate_up=gate_up, down=down_cfg, us=dict(layer=round(us, 2)))
 
 
-def tune_tokens(args: argparse.Namespace, num_tokens: int, w1: torch.Tensor, w2: torch.Tensor,
-                device: torch.device) -> MoeConfig:
+def tune_tokens(
+    args: argparse.Namespace,
+    num_tokens: int,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    device: torch.device,
+) -> MoeConfig:
     """The best config for one token count, on the path moe/configs.py gives that count."""
     torch.manual_seed(num_tokens)
     x = torch.randn(num_tokens, args.hidden, device=device, dtype=w1.dtype)
@@ -209,18 +264,26 @@ def tune_tokens(args: argparse.Namespace, num_tokens: int, w1: torch.Tensor, w2:
     return tune_aligned(args, x, gating, w1, w2)
 
 
-def start_record(args: argparse.Namespace, dtype: torch.dtype, device_name: str,
-                 path: Path) -> Dict[str, Any]:
+def start_record(
+    args: argparse.Namespace, dtype: torch.dtype, device_name: str, path: Path
+) -> Dict[str, Any]:
     """The JSON to write: this run's shape, device, versions and command; an existing file's
     configs and commands are kept, so re-tuning some token counts keeps the others'."""
     import triton
 
     record: Dict[str, Any] = dict(
-        experts=args.experts, inter=args.inter, hidden=args.hidden, topk=args.topk,
-        dtype=DTYPE_NAMES[dtype], device=device_name, date=time.strftime("%Y-%m-%d"),
-        torch=torch.__version__, triton=triton.__version__,
+        experts=args.experts,
+        inter=args.inter,
+        hidden=args.hidden,
+        topk=args.topk,
+        dtype=DTYPE_NAMES[dtype],
+        device=device_name,
+        date=time.strftime("%Y-%m-%d"),
+        torch=torch.__version__,
+        triton=triton.__version__,
         commands=[" ".join(["PYTHONPATH=python python benchmark/tune_moe.py", *sys.argv[1:]])],
-        configs={})
+        configs={},
+    )
     if path.exists():
         earlier = json.loads(path.read_text(encoding="utf-8"))
         record["configs"] = earlier["configs"]
@@ -239,12 +302,16 @@ def main() -> None:
     if args.tokens:
         tokens = [int(t) for t in args.tokens.split(",")]
     device_name = torch.cuda.get_device_name(device) if cuda else "CPU interpreter"
-    w1 = (torch.randn(args.experts, 2 * args.inter, args.hidden, device=device)
-          / args.hidden ** 0.5).to(dtype)
-    w2 = (torch.randn(args.experts, args.hidden, args.inter, device=device)
-          / args.inter ** 0.5).to(dtype)
-    print(f"{device_name}: E={args.experts}, top-{args.topk}, H={args.hidden}, "
-          f"I={args.inter}, {DTYPE_NAMES[dtype]}")
+    w1 = (
+        torch.randn(args.experts, 2 * args.inter, args.hidden, device=device) / args.hidden**0.5
+    ).to(dtype)
+    w2 = (torch.randn(args.experts, args.hidden, args.inter, device=device) / args.inter**0.5).to(
+        dtype
+    )
+    print(
+        f"{device_name}: E={args.experts}, top-{args.topk}, H={args.hidden}, "
+        f"I={args.inter}, {DTYPE_NAMES[dtype]}"
+    )
     out = args.out or (Path(tempfile.mkdtemp()) if args.quick else CONFIG_DIR)
     path = out / config_file_name(args.experts, args.inter, dtype, device_name)
     record = start_record(args, dtype, device_name, path)
@@ -253,8 +320,11 @@ def main() -> None:
         best = tune_tokens(args, num_tokens, w1, w2, device)
         record["configs"][str(num_tokens)] = best
         record["configs"] = dict(sorted(record["configs"].items(), key=lambda kv: int(kv[0])))
-        print(f"T={num_tokens:>6}: {best['path']} {best.get('BLOCK_M', '')} gate_up "
-              f"{best['gate_up']}  down {best['down']}  {best['us']} us", flush=True)
+        print(
+            f"T={num_tokens:>6}: {best['path']} {best.get('BLOCK_M', '')} gate_up "
+            f"{best['gate_up']}  down {best['down']}  {best['us']} us",
+            flush=True,
+        )
         # written after every T: an interrupted search keeps what it found
         path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {path}")

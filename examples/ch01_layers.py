@@ -8,11 +8,12 @@ check that every op computes what its torch / transformers counterpart computes.
 from __future__ import annotations
 
 import torch
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
 from minisgl.layers.base import BaseOP
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import LinearColParallelMerged, LinearQKVMerged, LinearRowParallel
 from minisgl.layers.norm import RMSNormFused
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 torch.manual_seed(0)
 torch.set_num_threads(1)
@@ -47,8 +48,10 @@ print("weights found by walking the attributes:")
 for name, w in model.state_dict().items():
     if not name.startswith("layers.1."):
         print(f"  {name:32s} {list(w.shape)}")
-print(f"  ... {len(model.state_dict())} in all; lm_head.weight is the embedding's own tensor:",
-      model.lm_head.weight is model.embed_tokens.weight)
+print(
+    f"  ... {len(model.state_dict())} in all; lm_head.weight is the embedding's own tensor:",
+    model.lm_head.weight is model.embed_tokens.weight,
+)
 
 # fill every weight from torch layers, through load_state_dict
 q, k, v = (torch.nn.Linear(H, n * D) for n in (HQ, HKV, HKV))
@@ -59,39 +62,57 @@ ref_norm.weight.data.normal_(1.0, 0.1)
 embed = torch.nn.Embedding(V, H)
 state = {"embed_tokens.weight": embed.weight, "lm_head.weight": embed.weight}
 for i in range(2):
-    state.update({
-        f"layers.{i}.input_layernorm.weight": ref_norm.weight,
-        f"layers.{i}.qkv_proj.weight": torch.cat([q.weight, k.weight, v.weight]),
-        f"layers.{i}.qkv_proj.bias": torch.cat([q.bias, k.bias, v.bias]),
-        f"layers.{i}.o_proj.weight": o_proj.weight,
-        f"layers.{i}.gate_up_proj.weight": torch.cat([gate.weight, up.weight]),
-    })
+    state.update(
+        {
+            f"layers.{i}.input_layernorm.weight": ref_norm.weight,
+            f"layers.{i}.qkv_proj.weight": torch.cat([q.weight, k.weight, v.weight]),
+            f"layers.{i}.qkv_proj.bias": torch.cat([q.bias, k.bias, v.bias]),
+            f"layers.{i}.o_proj.weight": o_proj.weight,
+            f"layers.{i}.gate_up_proj.weight": torch.cat([gate.weight, up.weight]),
+        }
+    )
 model.load_state_dict(state)
 
 print("\neach op against torch / transformers (True: max |diff| < 1e-5):")
 with torch.no_grad():
     ids = torch.randint(0, V, (T,))
     x = model.embed_tokens.forward(ids)
-    print(f"  embedding        ids {list(ids.shape)} -> x {list(x.shape)}:",
-          torch.equal(x, embed(ids)))
+    print(
+        f"  embedding        ids {list(ids.shape)} -> x {list(x.shape)}:",
+        torch.equal(x, embed(ids)),
+    )
     block = model.layers[0]
     normed, residual = block.input_layernorm.forward(x)
     print("  RMSNorm          vs LlamaRMSNorm:", close(normed, ref_norm(x)))
     r = torch.randn(T, H)
     normed, residual = block.input_layernorm.forward(x, r)
-    print("  add + RMSNorm    norm(x + r):", close(normed, ref_norm(x + r)),
-          "| new residual x + r:", torch.equal(residual, x + r))
+    print(
+        "  add + RMSNorm    norm(x + r):",
+        close(normed, ref_norm(x + r)),
+        "| new residual x + r:",
+        torch.equal(residual, x + r),
+    )
     oq, ok, ov = block.qkv_proj.split(block.qkv_proj.forward(normed))
-    print(f"  one QKV matmul   q {list(oq.shape)} k {list(ok.shape)} v {list(ov.shape)}:",
-          close(oq, q(normed)), close(ok, k(normed)), close(ov, v(normed)))
+    print(
+        f"  one QKV matmul   q {list(oq.shape)} k {list(ok.shape)} v {list(ov.shape)}:",
+        close(oq, q(normed)),
+        close(ok, k(normed)),
+        close(ov, v(normed)),
+    )
     gu = block.gate_up_proj.forward(normed)
-    print(f"  one gate_up      {list(gu.shape)}: gate", close(gu[:, :FFN], gate(normed)),
-          "up", close(gu[:, FFN:], up(normed)))
+    print(
+        f"  one gate_up      {list(gu.shape)}: gate",
+        close(gu[:, :FFN], gate(normed)),
+        "up",
+        close(gu[:, FFN:], up(normed)),
+    )
     o = block.o_proj.forward(oq)
     print(f"  o_proj           {list(oq.shape)} -> {list(o.shape)}:", close(o, o_proj(oq)))
     logits = model.lm_head.forward(x)
-    print(f"  tied LM head     {list(x.shape)} -> logits {list(logits.shape)}:",
-          close(logits, x @ embed.weight.T))
+    print(
+        f"  tied LM head     {list(x.shape)} -> logits {list(logits.shape)}:",
+        close(logits, x @ embed.weight.T),
+    )
 
 try:
     model.load_state_dict({k: w for k, w in state.items() if k != "layers.1.o_proj.weight"})

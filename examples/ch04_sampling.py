@@ -11,10 +11,11 @@ import tempfile
 
 import tiny_models
 import torch
+from transformers import AutoTokenizer
+
 from minisgl.core import Batch, Context, Req, SamplingParams, get_global_ctx, set_global_ctx
 from minisgl.engine.sample import BatchSamplingArgs, Sampler, top_k_top_p_filter
 from minisgl.models import load_model, sequence_logits
-from transformers import AutoTokenizer
 
 torch.set_num_threads(1)
 
@@ -36,8 +37,10 @@ n = 10_000
 params = SamplingParams(temperature=1.0, top_k=3)
 draws = Sampler(seed=0).sample(logits.expand(n, -1), BatchSamplingArgs.from_params([params] * n))
 kept = top_k_top_p_filter(probs, torch.tensor([3]), torch.tensor([1.0]))[0]
-print(f"{n} draws with top_k 3: counts {torch.bincount(draws, minlength=6).tolist()}, "
-      f"expected about {[round(x) for x in (n * kept / kept.sum()).tolist()]}")
+print(
+    f"{n} draws with top_k 3: counts {torch.bincount(draws, minlength=6).tolist()}, "
+    f"expected about {[round(x) for x in (n * kept / kept.sum()).tolist()]}"
+)
 
 with tempfile.TemporaryDirectory() as tmp:
     path = tiny_models.make_tiny_model("llama3", f"{tmp}/llama3")
@@ -53,9 +56,11 @@ with tempfile.TemporaryDirectory() as tmp:
 
     def generate(seed: int) -> list[Req]:
         prompt = tok.encode("Once upon a time")
-        reqs = [Req(0, prompt, SamplingParams(max_tokens=12)),
-                Req(1, prompt, SamplingParams(temperature=0.8, top_k=20, max_tokens=12)),
-                Req(2, prompt, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12))]
+        reqs = [
+            Req(0, prompt, SamplingParams(max_tokens=12)),
+            Req(1, prompt, SamplingParams(temperature=0.8, top_k=20, max_tokens=12)),
+            Req(2, prompt, SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12)),
+        ]
         sampler = Sampler(seed=seed)
         # each step batches the requests still running: a finished one takes no more tokens
         while running := [r for r in reqs if not r.is_finished(tok.eos_token_id)]:
@@ -72,9 +77,14 @@ with tempfile.TemporaryDirectory() as tmp:
         how = "greedy" if p.is_greedy else how
         print(f"  {how:38s} {req.output_ids}\n  {'':38s} {tok.decode(req.output_ids)!r}")
     again = generate(seed=0)
-    print("the same seed again gives the same tokens:",
-          [r.output_ids for r in again] == [r.output_ids for r in first])
+    print(
+        "the same seed again gives the same tokens:",
+        [r.output_ids for r in again] == [r.output_ids for r in first],
+    )
     other = generate(seed=1)
-    print("seed 1: the greedy row is unchanged:", other[0].output_ids == first[0].output_ids,
-          "| both sampled rows differ:",
-          all(other[i].output_ids != first[i].output_ids for i in (1, 2)))
+    print(
+        "seed 1: the greedy row is unchanged:",
+        other[0].output_ids == first[0].output_ids,
+        "| both sampled rows differ:",
+        all(other[i].output_ids != first[i].output_ids for i in (1, 2)),
+    )

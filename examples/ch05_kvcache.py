@@ -12,12 +12,13 @@ import tempfile
 
 import tiny_models
 import torch
+from transformers import AutoTokenizer
+from transformers.utils import logging
+
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
 from minisgl.kvcache import create_kvcache_pool
 from minisgl.models import generate_greedy_recompute, load_model
-from transformers import AutoTokenizer
-from transformers.utils import logging
 
 torch.set_num_threads(1)
 logging.set_verbosity_error()
@@ -29,8 +30,13 @@ def forward(model, ctx: Context, req: Req) -> int:
     """Run the request's tokens [cached_len, device_len) through the model; the greedy token."""
     positions = torch.arange(req.cached_len, req.device_len)
     ids = torch.tensor(req.all_ids[req.cached_len : req.device_len])
-    batch = Batch([req], "prefill" if req.cached_len == 0 else "decode", input_ids=ids,
-                  positions=positions, out_loc=ctx.page_table[req.table_idx, positions].long())
+    batch = Batch(
+        [req],
+        "prefill" if req.cached_len == 0 else "decode",
+        input_ids=ids,
+        positions=positions,
+        out_loc=ctx.page_table[req.table_idx, positions].long(),
+    )
     with ctx.forward_batch(batch):
         ctx.attn_backend.prepare_metadata(batch)
         logits = model.forward(ids, positions)
@@ -47,8 +53,10 @@ with tempfile.TemporaryDirectory() as tmp:
     ctx.kv_cache = create_kvcache_pool(model.config, NUM_PAGES, PAGE_SIZE, torch.float32, "cpu")
     ctx.page_table = torch.zeros(1, NUM_PAGES * PAGE_SIZE, dtype=torch.int32)
     ctx.attn_backend = create_attention_backend("torch", model.config, "cpu")
-    print(f"KV pool buffer [2, layers, pages, page_size, kv_heads, head_dim] = "
-          f"{list(ctx.kv_cache.buffer.shape)}, {ctx.kv_cache.bytes_per_page} bytes a page")
+    print(
+        f"KV pool buffer [2, layers, pages, page_size, kv_heads, head_dim] = "
+        f"{list(ctx.kv_cache.buffer.shape)}, {ctx.kv_cache.bytes_per_page} bytes a page"
+    )
 
     free_pages = [5, 2, 7, 0, 3, 6, 1, 4]  # handed out in this order: not next to each other
     prompt = tok.encode("Once upon a time there was a robot")
@@ -61,16 +69,21 @@ with tempfile.TemporaryDirectory() as tmp:
         for page_index in range(held, needed):
             page = free_pages.pop(0)
             slots = torch.arange(page * PAGE_SIZE, (page + 1) * PAGE_SIZE, dtype=torch.int32)
-            ctx.page_table[req.table_idx, page_index * PAGE_SIZE:][:PAGE_SIZE] = slots
-            print(f"    page {page} for positions {page_index * PAGE_SIZE}.."
-                  f"{(page_index + 1) * PAGE_SIZE - 1}")
+            ctx.page_table[req.table_idx, page_index * PAGE_SIZE :][:PAGE_SIZE] = slots
+            print(
+                f"    page {page} for positions {page_index * PAGE_SIZE}.."
+                f"{(page_index + 1) * PAGE_SIZE - 1}"
+            )
 
     print(f"\nprompt 'Once upon a time there was a robot': {len(prompt)} tokens {prompt}")
     with use_global_ctx(ctx):
         while not req.is_finished(tok.eos_token_id):
             step = "prefill" if req.cached_len == 0 else "decode "
-            where = (f"positions {req.cached_len}..{req.device_len - 1}" if req.extend_len > 1
-                     else f"position {req.cached_len}")
+            where = (
+                f"positions {req.cached_len}..{req.device_len - 1}"
+                if req.extend_len > 1
+                else f"position {req.cached_len}"
+            )
             print(f"  {step} runs {req.extend_len} token(s) at {where}")
             give_pages(req)
             req.append(forward(model, ctx, req))
@@ -79,5 +92,4 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"pages used {NUM_PAGES - len(free_pages)}, free {len(free_pages)}")
     print(f"generated {req.output_ids}: {tok.decode(req.output_ids)!r}")
     again = generate_greedy_recompute(model, prompt, 8)
-    print("the same tokens as recomputing the whole sequence every step:",
-          again == req.output_ids)
+    print("the same tokens as recomputing the whole sequence every step:", again == req.output_ids)

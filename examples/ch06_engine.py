@@ -11,11 +11,12 @@ import tempfile
 
 import tiny_models
 import torch
+from transformers import AutoTokenizer
+from transformers.utils import logging
+
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.config import EngineConfig
 from minisgl.engine.engine import Engine
-from transformers import AutoTokenizer
-from transformers.utils import logging
 
 torch.set_num_threads(1)
 logging.set_verbosity_error()
@@ -28,7 +29,8 @@ def give_pages(engine: Engine, free: list[int], req: Req) -> None:
         if pos % size == 0:
             page = free.pop(0)
             engine.page_table[req.table_idx, pos : pos + size] = torch.arange(
-                page * size, (page + 1) * size)
+                page * size, (page + 1) * size
+            )
 
 
 def generate(engine: Engine, prompts: list[list[int]], n: int, show: bool) -> list[list[int]]:
@@ -40,8 +42,10 @@ def generate(engine: Engine, prompts: list[list[int]], n: int, show: bool) -> li
             give_pages(engine, free, req)
         if show and step < 2:
             lens = [r.extend_len for r in reqs]
-            print(f"  step {step}: {batch.phase:7s} new tokens per request {lens}, "
-                  f"{sum(lens)} in the forward")
+            print(
+                f"  step {step}: {batch.phase:7s} new tokens per request {lens}, "
+                f"{sum(lens)} in the forward"
+            )
         for req, token in zip(reqs, engine.forward_batch(batch).tolist()):
             req.append(token)
     if show:
@@ -55,15 +59,24 @@ def generate(engine: Engine, prompts: list[list[int]], n: int, show: bool) -> li
 with tempfile.TemporaryDirectory() as tmp:
     path = str(tiny_models.make_tiny_model("qwen3", f"{tmp}/qwen3"))
     tok = AutoTokenizer.from_pretrained(path)
-    engine = Engine(EngineConfig(path, device="cpu", page_size=4, num_pages=24,
-                                 max_running_req=4))
-    print(f"engine: {engine.num_pages} pages of {engine.config.page_size} tokens "
-          f"(+1 dummy page), page table {list(engine.page_table.shape)}, "
-          f"max_seq_len {engine.max_seq_len}")
-    print(f"the dummy request's row points at slot {engine.page_table[4, 0].item()} "
-          f"(page {engine.num_pages}) everywhere")
-    prompts = [tok.encode(p) for p in ("Hello world", "The quick brown fox jumps over",
-                                       "Once upon a time there was a small robot who")]
+    engine = Engine(EngineConfig(path, device="cpu", page_size=4, num_pages=24, max_running_req=4))
+    print(
+        f"engine: {engine.num_pages} pages of {engine.config.page_size} tokens "
+        f"(+1 dummy page), page table {list(engine.page_table.shape)}, "
+        f"max_seq_len {engine.max_seq_len}"
+    )
+    print(
+        f"the dummy request's row points at slot {engine.page_table[4, 0].item()} "
+        f"(page {engine.num_pages}) everywhere"
+    )
+    prompts = [
+        tok.encode(p)
+        for p in (
+            "Hello world",
+            "The quick brown fox jumps over",
+            "Once upon a time there was a small robot who",
+        )
+    ]
     print(f"\nthree prompts of {[len(p) for p in prompts]} tokens, 8 new tokens each:")
     together = generate(engine, prompts, 8, show=True)
     alone = [generate(engine, [p], 8, show=False)[0] for p in prompts]
@@ -72,5 +85,7 @@ with tempfile.TemporaryDirectory() as tmp:
     print("each request gets exactly the tokens it gets alone:", together == alone)
 
     budget = Engine(EngineConfig(path, device="cpu", page_size=16, cpu_kv_bytes=1 << 20))
-    print(f"\na 1 MiB KV budget at {budget.bytes_per_page()} bytes a page of 16 tokens: "
-          f"{budget.num_pages} pages")
+    print(
+        f"\na 1 MiB KV budget at {budget.bytes_per_page()} bytes a page of 16 tokens: "
+        f"{budget.num_pages} pages"
+    )

@@ -12,11 +12,12 @@ import tempfile
 
 import tiny_models
 import torch
+from transformers import AutoTokenizer
+from transformers.utils import logging
+
 from minisgl.core import SamplingParams
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.scheduler import Scheduler, SchedulerConfig
-from transformers import AutoTokenizer
-from transformers.utils import logging
 
 torch.set_num_threads(1)
 logging.set_verbosity_error()
@@ -47,16 +48,20 @@ with tempfile.TemporaryDirectory() as tmp:
     print(cache.format_tree(show))
     cat = tok.encode("The quick brown cat sleeps.")
     hit = cache.match_prefix(cat)
-    print(f"\nmatch 'The quick brown cat sleeps.': {hit.cached_len} of {len(cat)} tokens hit, "
-          f"slots {hit.get_matched_indices().tolist()}; the edge is split where the match ends:")
+    print(
+        f"\nmatch 'The quick brown cat sleeps.': {hit.cached_len} of {len(cat)} tokens hit, "
+        f"slots {hit.get_matched_indices().tolist()}; the edge is split where the match ends:"
+    )
     print(cache.format_tree(show))
     insert("The quick brown cat sleeps.")
     insert("Once upon a time")
     print(cache.format_tree(show))
 
     cache.lock_handle(fox)  # a request is using the fox sentence
-    print(f"\nlock the fox path: evictable {cache.size_info.evictable_size} tokens, "
-          f"protected {cache.size_info.protected_size}")
+    print(
+        f"\nlock the fox path: evictable {cache.size_info.evictable_size} tokens, "
+        f"protected {cache.size_info.protected_size}"
+    )
     print(cache.format_tree(show))
     for _ in range(2):
         evicted = cache.evict(1)
@@ -66,12 +71,17 @@ with tempfile.TemporaryDirectory() as tmp:
 
     prompts = [tok.encode(SYSTEM + q) for q in QUESTIONS]
     shared = min(len(os.path.commonprefix([prompts[0], ids])) for ids in prompts[1:])
-    print(f"\nfour requests start with one system prompt ({len(tok.encode(SYSTEM))} tokens alone; "
-          f"{shared} tokens common to all four), one after another:")
+    print(
+        f"\nfour requests start with one system prompt ({len(tok.encode(SYSTEM))} tokens alone; "
+        f"{shared} tokens common to all four), one after another:"
+    )
     outputs = {}
     for kind in ("naive", "radix"):
-        scheduler = Scheduler(SchedulerConfig(path, device="cpu", page_size=4, num_pages=64,
-                                              max_running_req=4, cache_type=kind))
+        scheduler = Scheduler(
+            SchedulerConfig(
+                path, device="cpu", page_size=4, num_pages=64, max_running_req=4, cache_type=kind
+            )
+        )
         computed, outputs[kind] = [], []
         for ids in prompts:
             req = scheduler.add_req(ids, SamplingParams(max_tokens=6, ignore_eos=True))
@@ -81,10 +91,11 @@ with tempfile.TemporaryDirectory() as tmp:
             scheduler.run_until_idle()
             outputs[kind].append(req.output_ids)
         hits = [len(ids) - n for ids, n in zip(prompts, computed)]
-        print(f"  {kind}: prompt tokens {[len(p) for p in prompts]}, hit {hits}, "
-              f"computed {computed} ({sum(computed)} in all)")
+        print(
+            f"  {kind}: prompt tokens {[len(p) for p in prompts]}, hit {hits}, "
+            f"computed {computed} ({sum(computed)} in all)"
+        )
         scheduler.cache_manager.check_integrity()
-    print("the same tokens with and without the radix cache:",
-          outputs["naive"] == outputs["radix"])
+    print("the same tokens with and without the radix cache:", outputs["naive"] == outputs["radix"])
     for ids in outputs["radix"]:
         print(f"  {ids} {tok.decode(ids)!r}")

@@ -11,10 +11,11 @@ import tempfile
 
 import tiny_models
 import torch
-from minisgl.core import SamplingParams
-from minisgl.scheduler import Scheduler, SchedulerConfig
 from transformers import AutoTokenizer
 from transformers.utils import logging
+
+from minisgl.core import SamplingParams
+from minisgl.scheduler import Scheduler, SchedulerConfig
 
 torch.set_num_threads(1)
 logging.set_verbosity_error()
@@ -25,8 +26,17 @@ SHORT = ["Hello world", "The quick brown fox"]
 with tempfile.TemporaryDirectory() as tmp:
     path = str(tiny_models.make_tiny_model("mistral", f"{tmp}/mistral"))
     tok = AutoTokenizer.from_pretrained(path)
-    s = Scheduler(SchedulerConfig(path, device="cpu", page_size=4, num_pages=64,
-                                  max_running_req=4, max_extend_tokens=8, cache_type="naive"))
+    s = Scheduler(
+        SchedulerConfig(
+            path,
+            device="cpu",
+            page_size=4,
+            num_pages=64,
+            max_running_req=4,
+            max_extend_tokens=8,
+            cache_type="naive",
+        )
+    )
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     prompts = [tok.encode(p) for p in [SHORT[0], LONG, SHORT[1]]]
     reqs = [s.add_req(p, params) for p in prompts]
@@ -56,5 +66,6 @@ with tempfile.TemporaryDirectory() as tmp:
         if reference is None:
             reference = req.output_ids
             print(f"  tokens {reference}")
-        print(f"  budget {budget:2d}: chunks {chunks}, the same tokens: "
-              f"{req.output_ids == reference}")
+        print(
+            f"  budget {budget:2d}: chunks {chunks}, the same tokens: {req.output_ids == reference}"
+        )

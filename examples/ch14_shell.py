@@ -15,14 +15,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-import minisgl
 import pexpect
 import tiny_models
 import torch
+from transformers.utils import logging
+
+import minisgl
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.tokenizer import tokenize_request
-from transformers.utils import logging
 
 logging.set_verbosity_error()
 torch.set_num_threads(1)  # as the shells' processes (OMP_NUM_THREADS): a tiny model needs no more
@@ -39,12 +40,23 @@ def shell_settings(max_tokens: int) -> dict[str, str]:
 
 
 def start_shell(model: Path, tmp: str, max_tokens: int) -> pexpect.spawn:
-    env = {**os.environ, "PYTHONPATH": str(Path(minisgl.__file__).parents[1]), "TMPDIR": tmp,
-           "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1", **shell_settings(max_tokens),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(minisgl.__file__).parents[1]),
+        "TMPDIR": tmp,
+        "TERM": "dumb",
+        "PROMPT_TOOLKIT_NO_CPR": "1",
+        **shell_settings(max_tokens),
+        "OMP_NUM_THREADS": "1",
+    }
     # bounds for a loaded machine, where loading the model takes tens of seconds
-    return pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--shell",
-                                          *FLAGS], env=env, timeout=120, encoding="utf-8")
+    return pexpect.spawn(
+        sys.executable,
+        ["-m", "minisgl", "--model", str(model), "--shell", *FLAGS],
+        env=env,
+        timeout=120,
+        encoding="utf-8",
+    )
 
 
 def wait_prompt(shell: pexpect.spawn) -> str:
@@ -97,16 +109,19 @@ def main() -> None:
 
         turns = [{"role": "user", "content": QUESTION}]
         first = say(shell, QUESTION)
-        turns += [{"role": "assistant", "content": first},
-                  {"role": "user", "content": FOLLOW_UP}]
+        turns += [{"role": "assistant", "content": first}, {"role": "user", "content": FOLLOW_UP}]
         second = say(shell, FOLLOW_UP)
-        print(f"  (equal to LLM.generate on the template of all {len(turns)} messages: "
-              f"{[first, second] == [offline(turns[:1]), offline(turns)]})\n")
+        print(
+            f"  (equal to LLM.generate on the template of all {len(turns)} messages: "
+            f"{[first, second] == [offline(turns[:1]), offline(turns)]})\n"
+        )
         say(shell, "/reset")
         alone = say(shell, FOLLOW_UP)
-        print(f"  (a new conversation: equal to LLM.generate on 1 message: "
-              f"{alone == offline(turns[2:])}; differs from the turn with history: "
-              f"{alone != second})\n")
+        print(
+            f"  (a new conversation: equal to LLM.generate on 1 message: "
+            f"{alone == offline(turns[2:])}; differs from the turn with history: "
+            f"{alone != second})\n"
+        )
 
         shell.sendline("/exit")
         shell.expect(pexpect.EOF)
@@ -131,9 +146,11 @@ def main() -> None:
         shell.sendline("/exit")
         shell.expect(pexpect.EOF)
         shell.close()
-        print(f">>> /exit\nexit status {shell.exitstatus}; child processes: {len(workers)} "
-              f"before, {sum(stat(p)[0] not in ['', 'Z'] for p in workers)} alive after; "
-              f"files left in the socket directory: {len(list(sockets.iterdir()))}")
+        print(
+            f">>> /exit\nexit status {shell.exitstatus}; child processes: {len(workers)} "
+            f"before, {sum(stat(p)[0] not in ['', 'Z'] for p in workers)} alive after; "
+            f"files left in the socket directory: {len(list(sockets.iterdir()))}"
+        )
         llm.shutdown()
 
 

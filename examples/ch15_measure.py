@@ -15,38 +15,87 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.models import ModelConfig
 
-_QWEN3 = dict(architectures=["Qwen3ForCausalLM"], model_type="qwen3", hidden_act="silu",
-              rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
-              attention_bias=False, bos_token_id=151643, eos_token_id=151645,
-              torch_dtype="bfloat16")
+_QWEN3 = dict(
+    architectures=["Qwen3ForCausalLM"],
+    model_type="qwen3",
+    hidden_act="silu",
+    rms_norm_eps=1e-6,
+    rope_theta=1000000.0,
+    max_position_embeddings=40960,
+    attention_bias=False,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    torch_dtype="bfloat16",
+)
 # a model's shape is its config.json: these are the real models' (their weights are not needed)
 SHAPES: Dict[str, Dict[str, Any]] = {
-    "qwen3-0.6b": {**_QWEN3, "vocab_size": 151936, "hidden_size": 1024,
-                   "intermediate_size": 3072, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-                   "tie_word_embeddings": True},
-    "qwen3-30b-a3b": {**_QWEN3, "architectures": ["Qwen3MoeForCausalLM"],
-                      "model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
-                      "intermediate_size": 6144, "moe_intermediate_size": 768,
-                      "num_hidden_layers": 48, "num_attention_heads": 32,
-                      "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
-                      "num_experts_per_tok": 8, "norm_topk_prob": True,
-                      "decoder_sparse_step": 1, "mlp_only_layers": [],
-                      "tie_word_embeddings": False},
-    "llama3-8b": dict(architectures=["LlamaForCausalLM"], model_type="llama", vocab_size=128256,
-                      hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                      num_attention_heads=32, num_key_value_heads=8, hidden_act="silu",
-                      rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=8192,
-                      attention_bias=False, tie_word_embeddings=False, bos_token_id=128000,
-                      eos_token_id=128001, torch_dtype="bfloat16"),
+    "qwen3-0.6b": {
+        **_QWEN3,
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-30b-a3b": {
+        **_QWEN3,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "tie_word_embeddings": False,
+    },
+    "llama3-8b": dict(
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        hidden_act="silu",
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=8192,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+        torch_dtype="bfloat16",
+    ),
     # Qwen3's layout at a size a CPU runs in seconds; its vocabulary holds the workload's ids
-    "tiny": {**_QWEN3, "vocab_size": 10240, "hidden_size": 64, "intermediate_size": 128,
-             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-             "head_dim": 16, "tie_word_embeddings": True, "torch_dtype": "float32"},
+    "tiny": {
+        **_QWEN3,
+        "vocab_size": 10240,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    },
 }
 
 
@@ -62,10 +111,13 @@ def nano_vllm_workload(num_seqs: int = 256) -> Tuple[List[List[int]], List[Sampl
     """nano-vllm's bench.py, draw for draw: 256 prompts of 100..1024 random ids in 0..10000, then
     256 output lengths in 100..1024, sampled at temperature 0.6 past EOS. The first ``num_seqs``."""
     random.seed(0)  # the global generator, as bench.py seeds it: the same draws in the same order
-    prompts = [[random.randint(0, 10000) for _ in range(random.randint(100, 1024))]
-               for _ in range(256)]
-    params = [SamplingParams(temperature=0.6, ignore_eos=True,
-                             max_tokens=random.randint(100, 1024)) for _ in range(256)]
+    prompts = [
+        [random.randint(0, 10000) for _ in range(random.randint(100, 1024))] for _ in range(256)
+    ]
+    params = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=random.randint(100, 1024))
+        for _ in range(256)
+    ]
     return prompts[:num_seqs], params[:num_seqs]
 
 
@@ -79,8 +131,7 @@ def decode_weight_params(c: ModelConfig) -> int:
     attn += qkv * c.attention_bias + h * c.o_proj_bias + 2 * d * c.qk_norm
     dense = 3 * h * c.intermediate_size  # gate, up, down
     moe = c.num_experts * 3 * h * c.moe_intermediate_size + h * c.num_experts  # and the router
-    layers = sum(attn + 2 * h + (moe if c.is_moe_layer(i) else dense)
-                 for i in range(c.num_layers))
+    layers = sum(attn + 2 * h + (moe if c.is_moe_layer(i) else dense) for i in range(c.num_layers))
     return layers + h + c.vocab_size * h
 
 
@@ -106,8 +157,9 @@ def decode_context_tokens(input_lens: Sequence[int], output_lens: Sequence[int])
     return sum((o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens))
 
 
-def decode_floor_s(weights: int, kv_per_token: int, context_tokens: float,
-                   hbm_bytes_per_s: float) -> float:
+def decode_floor_s(
+    weights: int, kv_per_token: int, context_tokens: float, hbm_bytes_per_s: float
+) -> float:
     """The bandwidth floor of one decode step: it reads every weight once and the K and V of
     ``context_tokens`` tokens (the batch's contexts, summed), no faster than the memory allows."""
     return (weights + kv_per_token * context_tokens) / hbm_bytes_per_s
@@ -137,10 +189,14 @@ def show_workload() -> None:
     prompts, params = nano_vllm_workload()
     ins = [len(p) for p in prompts]
     outs = [p.max_tokens for p in params]
-    print(f"nano-vllm's workload: {len(prompts)} sequences, {sum(ins):,} input and "
-          f"{sum(outs):,} output tokens")
-    print(f"  input lengths {min(ins)}..{max(ins)} (mean {sum(ins) / len(ins):.1f}), "
-          f"output lengths {min(outs)}..{max(outs)} (mean {sum(outs) / len(outs):.1f})")
+    print(
+        f"nano-vllm's workload: {len(prompts)} sequences, {sum(ins):,} input and "
+        f"{sum(outs):,} output tokens"
+    )
+    print(
+        f"  input lengths {min(ins)}..{max(ins)} (mean {sum(ins) / len(ins):.1f}), "
+        f"output lengths {min(outs)}..{max(outs)} (mean {sum(outs) / len(outs):.1f})"
+    )
     print(f"  first prompt: {ins[0]} ids starting {prompts[0][:5]}, max_tokens {outs[0]}")
     print(f"  decode steps read {decode_context_tokens(ins, outs):,} cached tokens in all")
 
@@ -172,20 +228,32 @@ def workload_floor(config: Dict[str, Any], hbm_gbps: float = 4800.0) -> Floor:
     ins, outs = [len(p) for p in prompts], [p.max_tokens for p in params]
     steps = max(outs) - 1  # decode steps when all 256 run together from the start
     context = decode_context_tokens(ins, outs) / steps
-    return Floor(weights, kv, steps, (sum(outs) - len(outs)) / steps, context,
-                 decode_floor_s(weights, kv, context, hbm_gbps * 1e9))
+    return Floor(
+        weights,
+        kv,
+        steps,
+        (sum(outs) - len(outs)) / steps,
+        context,
+        decode_floor_s(weights, kv, context, hbm_gbps * 1e9),
+    )
 
 
 def show_floor(hbm_gbps: float = 4800.0) -> None:
     """The floor for Qwen3-0.6B on an H200 with every sequence running at once: the mean decode
     step of the workload, if all 256 decoded together through their longest output."""
     f = workload_floor(SHAPES["qwen3-0.6b"], hbm_gbps)
-    print(f"\nqwen3-0.6b in bf16: {f.weights / 1e9:.3f} GB of weights, {f.kv_per_token:,} bytes "
-          "of KV a token")
-    print(f"  all 256 together: {f.steps} decode steps, {f.sequences:.1f} sequences and "
-          f"{f.context:,.0f} cached tokens a step on average")
-    print(f"  floor of the mean step at {hbm_gbps:,.0f} GB/s: {f.step_s * 1e3:.3f} ms, "
-          f"{f.tokens_per_s:,.0f} output tokens/s")
+    print(
+        f"\nqwen3-0.6b in bf16: {f.weights / 1e9:.3f} GB of weights, {f.kv_per_token:,} bytes "
+        "of KV a token"
+    )
+    print(
+        f"  all 256 together: {f.steps} decode steps, {f.sequences:.1f} sequences and "
+        f"{f.context:,.0f} cached tokens a step on average"
+    )
+    print(
+        f"  floor of the mean step at {hbm_gbps:,.0f} GB/s: {f.step_s * 1e3:.3f} ms, "
+        f"{f.tokens_per_s:,.0f} output tokens/s"
+    )
 
 
 def show_latencies() -> None:
@@ -193,21 +261,38 @@ def show_latencies() -> None:
     one = request_latencies(sent, arrivals[0], arrivals[-1], len(arrivals))
     print("\none streamed request:", {k: round(v, 4) for k, v in one.items()})
     ttfts = [0.12, 0.08, 0.30, 0.11, 0.09, 0.10, 0.95, 0.13, 0.10, 0.12]
-    print("TTFT of ten requests: p50", round(percentile(ttfts, 50), 4),
-          "p90", round(percentile(ttfts, 90), 4), "p99", round(percentile(ttfts, 99), 4))
+    print(
+        "TTFT of ten requests: p50",
+        round(percentile(ttfts, 50), 4),
+        "p90",
+        round(percentile(ttfts, 90), 4),
+        "p99",
+        round(percentile(ttfts, 99), 4),
+    )
 
 
 def show_breakdown(directory: str) -> None:
     """A profiled run of the tiny shape on the CPU: which phases were timed, and how often."""
-    llm = LLM(str(write_shape("tiny", directory)), device="cpu", dummy_weights=True,
-              page_size=16, num_pages=256, max_extend_tokens=1024, profile_steps=True)
+    llm = LLM(
+        str(write_shape("tiny", directory)),
+        device="cpu",
+        dummy_weights=True,
+        page_size=16,
+        num_pages=256,
+        max_extend_tokens=1024,
+        profile_steps=True,
+    )
     prompts, params = nano_vllm_workload(4)
-    short = [SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=p.max_tokens // 32)
-             for p in params]  # the first 4 sequences, outputs cut to a 32nd
+    short = [
+        SamplingParams(temperature=0.6, ignore_eos=True, max_tokens=p.max_tokens // 32)
+        for p in params
+    ]  # the first 4 sequences, outputs cut to a 32nd
     out = llm.generate(prompts, short)
     timer = llm.scheduler.engine.timer
-    print(f"\nthe tiny shape, 4 sequences ({[len(p) for p in prompts]} prompt tokens, "
-          f"{[len(o['token_ids']) for o in out]} output tokens), profile_steps=True:")
+    print(
+        f"\nthe tiny shape, 4 sequences ({[len(p) for p in prompts]} prompt tokens, "
+        f"{[len(o['token_ids']) for o in out]} output tokens), profile_steps=True:"
+    )
     for name, count in timer.counts.items():
         print(f"  {name:16s} timed {count:3d} times")
     print("  text without a tokenizer:", out[0]["text"])

@@ -18,6 +18,7 @@ import tempfile  # noqa: E402
 
 import tiny_models  # noqa: E402
 import torch  # noqa: E402
+
 from minisgl.attention.utils import attend  # noqa: E402
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.kernel import decode_attention, extend_attention, store_kv  # noqa: E402
@@ -46,8 +47,10 @@ k = torch.randn(len(slots), HKV, D, generator=gen)
 v = torch.randn(len(slots), HKV, D, generator=gen)
 store_kv(k_cache, v_cache, slots, k, v)
 written = (k_cache.abs().sum((1, 2)) > 0).sum().item()
-print(f"store_kv: {len(slots)} tokens into {written} of {len(k_cache)} slots, "
-      f"exactly: {torch.equal(k_cache[slots.long()], k)}")
+print(
+    f"store_kv: {len(slots)} tokens into {written} of {len(k_cache)} slots, "
+    f"exactly: {torch.equal(k_cache[slots.long()], k)}"
+)
 
 
 def check(name: str, out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -60,26 +63,37 @@ rows = torch.tensor([0, 1], dtype=torch.int32)
 seq_lens = torch.tensor([lens[0], lens[1]], dtype=torch.int32)
 q = torch.randn(2, HQ, D, generator=gen)
 out = decode_attention(q, k_cache, v_cache, table, rows, seq_lens, D**-0.5, num_kv_splits=4)
-ref = torch.cat([attend(q[i : i + 1], k_cache[table[i, : n].long()], v_cache[table[i, : n].long()],
-                        n - 1) for i, n in enumerate(lens.values())])
+ref = torch.cat(
+    [
+        attend(q[i : i + 1], k_cache[table[i, :n].long()], v_cache[table[i, :n].long()], n - 1)
+        for i, n in enumerate(lens.values())
+    ]
+)
 check("decode_attention (split-K, 4 splits)", out, ref)
 
 # Extend: request 0 has 8 tokens cached and brings 3; request 1 is a prefill of all 17.
 cached, extend = [8, 0], [3, 17]
 q = torch.randn(sum(extend), HQ, D, generator=gen)
 i32 = lambda xs: torch.tensor(xs, dtype=torch.int32)  # noqa: E731
-out = extend_attention(q, k_cache, v_cache, table, rows, i32(cached), i32(extend), i32([0, 3]),
-                       max(extend), D**-0.5)
-ref = torch.cat([attend(qr, k_cache[table[i, : c + e].long()], v_cache[table[i, : c + e].long()], c)
-                 for i, (qr, c, e) in enumerate(zip(q.split(extend), cached, extend))])
+out = extend_attention(
+    q, k_cache, v_cache, table, rows, i32(cached), i32(extend), i32([0, 3]), max(extend), D**-0.5
+)
+ref = torch.cat(
+    [
+        attend(qr, k_cache[table[i, : c + e].long()], v_cache[table[i, : c + e].long()], c)
+        for i, (qr, c, e) in enumerate(zip(q.split(extend), cached, extend))
+    ]
+)
 check("extend_attention (prefix hit + prefill)", out, ref)
 
 # The LM head on the sampled rows only: at Qwen3-0.6B's shape, a prefill of 1,000 tokens.
 hidden, vocab, tokens, body = 1024, 151_936, 1_000, 440_000_000
 head_all, head_last = 2 * tokens * hidden * vocab, 2 * hidden * vocab
-print(f"LM head, a 1,000-token prefill at Qwen3-0.6B's shape: {head_all / 1e9:.0f} GFLOP on "
-      f"every row, {head_last / 1e9:.1f} on the last\n  (its 28 layers: "
-      f"{2 * tokens * body / 1e9:.0f} GFLOP)")
+print(
+    f"LM head, a 1,000-token prefill at Qwen3-0.6B's shape: {head_all / 1e9:.0f} GFLOP on "
+    f"every row, {head_last / 1e9:.1f} on the last\n  (its 28 layers: "
+    f"{2 * tokens * body / 1e9:.0f} GFLOP)"
+)
 
 with tempfile.TemporaryDirectory() as tmp:
     path = str(tiny_models.make_tiny_model("qwen3", f"{tmp}/qwen3"))

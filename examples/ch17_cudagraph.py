@@ -13,6 +13,7 @@ import tempfile
 
 import tiny_models
 import torch
+
 from minisgl.core import SamplingParams
 from minisgl.engine.graph import graph_batch_sizes, padded_size
 from minisgl.llm import LLM
@@ -56,8 +57,10 @@ with tempfile.TemporaryDirectory() as tmp:
         print(f"\ncuda_graph_max_bs={max_bs}: sizes {engine.graph_runner.sizes}")
         print(f"  steps, batch -> padded: {' '.join(steps)}")
         dummy = engine.dummy_req.table_idx
-        print(f"  the dummy request: page-table row {dummy}, its token in slot "
-              f"{engine.page_table[dummy, 0].item()} (page {engine.num_pages}, never handed out)")
+        print(
+            f"  the dummy request: page-table row {dummy}, its token in slot "
+            f"{engine.page_table[dummy, 0].item()} (page {engine.num_pages}, never handed out)"
+        )
     print(f"\nsame tokens padded or not: {runs[None] == runs[4]}")
     for prompt, tokens in zip(prompts, runs[4]):
         print(f"  {len(prompt):2d} prompt tokens -> {tokens}")

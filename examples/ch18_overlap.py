@@ -14,6 +14,7 @@ import tempfile
 
 import tiny_models
 import torch
+
 from minisgl.core import Batch, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
@@ -40,15 +41,19 @@ def timeline(path: str, overlap: bool, eos: tuple) -> list:
         before = s.in_flight
     cache = s.cache_manager
     cached = cache.prefix_cache.size_info.total_size // cache.page_size
-    print(f"  idle: {cache.num_free_pages} free pages + {cached} cached = {cache.num_pages}, "
-          f"{s.table_manager.available_size} of {s.config.max_running_req} rows free")
+    print(
+        f"  idle: {cache.num_free_pages} free pages + {cached} cached = {cache.num_pages}, "
+        f"{s.table_manager.available_size} of {s.config.max_running_req} rows free"
+    )
     return [r.output_ids for r in reqs]
 
 
 PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8], [6, 6, 6, 6, 6, 6]]
-PARAMS = [SamplingParams(max_tokens=6),  # greedy; EOS stops it
-          SamplingParams(temperature=0.8, top_k=20, max_tokens=4, seed=7),  # seeded
-          SamplingParams(max_tokens=1)]  # done at its prefill
+PARAMS = [
+    SamplingParams(max_tokens=6),  # greedy; EOS stops it
+    SamplingParams(temperature=0.8, top_k=20, max_tokens=4, seed=7),  # seeded
+    SamplingParams(max_tokens=1),
+]  # done at its prefill
 
 with tempfile.TemporaryDirectory() as tmp:
     path = str(tiny_models.make_tiny_model("llama3", f"{tmp}/llama3"))

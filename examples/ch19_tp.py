@@ -13,16 +13,22 @@ import tempfile
 
 import tiny_models
 import torch
+
 from minisgl.core import SamplingParams
 from minisgl.distributed import DistributedCommunicator, set_tp_info
 from minisgl.llm import LLM
 from minisgl.models import load_model
 
 torch.set_num_threads(1)
-NAMES = ["model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight",
-         "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_up_proj.weight",
-         "model.layers.0.mlp.down_proj.weight", "model.layers.0.input_layernorm.weight",
-         "lm_head.weight"]
+NAMES = [
+    "model.embed_tokens.weight",
+    "model.layers.0.self_attn.qkv_proj.weight",
+    "model.layers.0.self_attn.o_proj.weight",
+    "model.layers.0.mlp.gate_up_proj.weight",
+    "model.layers.0.mlp.down_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+    "lm_head.weight",
+]
 
 
 def rank_weights(path: str, rank: int, size: int) -> dict[str, torch.Tensor]:
@@ -44,6 +50,7 @@ def count_collectives(llm: LLM, prompt: list[int], n: int) -> dict[str, int]:
         def call(self, x: torch.Tensor) -> torch.Tensor:
             counts[name] += 1
             return originals[name](self, x)
+
         return call
 
     for name in counts:
@@ -67,15 +74,20 @@ def main() -> None:
         print("weight shapes, one rank vs each of two:")
         for name in NAMES:
             short = name.removeprefix("model.").removeprefix("layers.0.")
-            print(f"  {short:26s} {str(list(whole[name].shape)):10s} -> "
-                  f"{list(parts[0][name].shape)}")
+            print(
+                f"  {short:26s} {str(list(whole[name].shape)):10s} -> {list(parts[0][name].shape)}"
+            )
         qkv = [p["model.layers.0.self_attn.qkv_proj.weight"] for p in parts]
         q = torch.cat([w[:32] for w in qkv])  # each rank's 2 query heads of 16: rows 0..31
-        print(f"  the ranks' q rows, put together, are the whole q: "
-              f"{torch.equal(q, whole['model.layers.0.self_attn.qkv_proj.weight'][:64])}")
+        print(
+            f"  the ranks' q rows, put together, are the whole q: "
+            f"{torch.equal(q, whole['model.layers.0.self_attn.qkv_proj.weight'][:64])}"
+        )
         down = torch.cat([p["model.layers.0.mlp.down_proj.weight"] for p in parts], dim=1)
-        print(f"  the ranks' down columns, side by side, are the whole down: "
-              f"{torch.equal(down, whole['model.layers.0.mlp.down_proj.weight'])}")
+        print(
+            f"  the ranks' down columns, side by side, are the whole down: "
+            f"{torch.equal(down, whole['model.layers.0.mlp.down_proj.weight'])}"
+        )
 
         one = LLM(path, **options)
         ref = [r["token_ids"] for r in one.generate(prompts, greedy)]
@@ -88,9 +100,11 @@ def main() -> None:
         print(f"identical to tp_size=1: {out == ref}")
         counts = count_collectives(two, prompts[0], 4)
         two.shutdown()
-    print(f"4 forwards of a 2-layer model on rank 0: {counts['all_reduce']} all-reduces "
-          f"({counts['all_reduce'] // 4} per forward: the embedding, then o_proj and down in "
-          f"each layer), {counts['all_gather']} all-gathers (the LM head)")
+    print(
+        f"4 forwards of a 2-layer model on rank 0: {counts['all_reduce']} all-reduces "
+        f"({counts['all_reduce'] // 4} per forward: the embedding, then o_proj and down in "
+        f"each layer), {counts['all_gather']} all-gathers (the LM head)"
+    )
 
 
 if __name__ == "__main__":

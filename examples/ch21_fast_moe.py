@@ -11,6 +11,7 @@ import os
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
+
 from minisgl.kernel.moe_routing import align, max_tiles, route  # noqa: E402
 from minisgl.moe.configs import default_config, load_tuned, nearest  # noqa: E402
 from minisgl.moe.fused import moe_align_block_size  # noqa: E402
@@ -25,11 +26,16 @@ print("routing in one kernel, the experts each token picked:", ids.tolist())
 print("pairs per expert, counted by the same kernel:", block_counts.sum(0).tolist())
 sorted_ids, expert_ids, num_padded = align(ids, block_counts, E, block_m=4)
 used = int(num_padded)  # read here to print; the layer itself never reads it on the host
-print(f"aligned on the device: {used} of {sorted_ids.numel()} slots used, tiles "
-      f"{expert_ids.tolist()} (-1: a tile this routing did not need)")
+print(
+    f"aligned on the device: {used} of {sorted_ids.numel()} slots used, tiles "
+    f"{expert_ids.tolist()} (-1: a tile this routing did not need)"
+)
 ch20_sorted, ch20_experts = moe_align_block_size(ids, block_m=4, num_experts=E)
-print("the same order as chapter 20's:", torch.equal(sorted_ids[:used], ch20_sorted)
-      and torch.equal(expert_ids[: used // 4], ch20_experts))
+print(
+    "the same order as chapter 20's:",
+    torch.equal(sorted_ids[:used], ch20_sorted)
+    and torch.equal(expert_ids[: used // 4], ch20_experts),
+)
 
 print("\nQwen3-30B-A3B (128 experts, top-8): tiles the buffers are sized for, whatever the routing")
 for tokens in (1, 64, 4096):
@@ -42,8 +48,10 @@ tuned = load_tuned("E=128,N=768,dtype=bf16,device=NVIDIA_H200.json") or {}
 for tokens in (1, 16, 17, 64, 512, 4096):
     guess = default_config(tokens, 8, 128)
     best = nearest(tuned, tokens) if tuned else {}
-    print(f"  T={tokens:<5} {guess['path']:<7} BLOCK_M {guess.get('BLOCK_M', '-'):<3} | "
-          f"{best.get('path', '-'):<7} BLOCK_M {best.get('BLOCK_M', '-')}")
+    print(
+        f"  T={tokens:<5} {guess['path']:<7} BLOCK_M {guess.get('BLOCK_M', '-'):<3} | "
+        f"{best.get('path', '-'):<7} BLOCK_M {best.get('BLOCK_M', '-')}"
+    )
 
 x, gating = torch.randn(37, H), torch.randn(37, E)
 w1, w2 = torch.randn(E, 2 * I, H) * 0.1, torch.randn(E, H, I) * 0.1
@@ -53,5 +61,7 @@ print()
 for tokens in (3, 37):  # 3 tokens take the decode path (three launches), 37 the aligned one
     got = sync_free.forward(x[:tokens], w1, w2, gating[:tokens], K, renormalize=True)
     err = (got - want[:tokens]).abs().max().item()
-    print(f"{tokens} tokens, {default_config(tokens, K, E)['path']} path, against the "
-          f"reference: max error below 1e-6: {err < 1e-6}")
+    print(
+        f"{tokens} tokens, {default_config(tokens, K, E)['path']} path, against the "
+        f"reference: max error below 1e-6: {err < 1e-6}"
+    )

@@ -13,6 +13,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 import collections  # noqa: E402
 
 import torch  # noqa: E402
+
 from minisgl.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from minisgl.core import Batch, Req, SamplingParams  # noqa: E402
 from minisgl.engine.fused_sampler import FusedSampler  # noqa: E402
@@ -40,9 +41,11 @@ for dtype in (torch.float32, torch.bfloat16):
     # does not count twice
     norm_of_sum = add_then_rms_norm(new_sum, None, w, 1e-6)[0]
     out_close = torch.allclose(out.float(), norm_of_sum.float(), rtol=2 * step, atol=0.0)
-    print(f"add + RMSNorm [5, 300] {name}: the sum equal to torch's: "
-          f"{torch.equal(new_sum, want_sum)}, within 1 step ({step:.1e}): {sum_close}; "
-          f"the output within 2 steps: {out_close}")
+    print(
+        f"add + RMSNorm [5, 300] {name}: the sum equal to torch's: "
+        f"{torch.equal(new_sum, want_sum)}, within 1 step ({step:.1e}): {sum_close}; "
+        f"the output within 2 steps: {out_close}"
+    )
 
 # ---- q/k norm + rotary embedding in one kernel, in place in the qkv GEMM's output
 tokens, q_heads, kv_heads, head_dim = 5, 4, 2, 80  # half of 80 is not a power of two
@@ -61,13 +64,17 @@ for with_norm in (False, True):
     weights = (q_weight, k_weight) if with_norm else (None, None)
     qk_norm_rope(positions, q, k, rope._cos_sin_cache, *weights, eps=1e-6)  # q, k in place
     if with_norm:  # the norm's sum of squares adds in another order than torch's mean
-        largest = max(float((q - want_q).abs().max() / want_q.abs().max()),
-                      float((k - want_k).abs().max() / want_k.abs().max()))
+        largest = max(
+            float((q - want_q).abs().max() / want_q.abs().max()),
+            float((k - want_k).abs().max() / want_k.abs().max()),
+        )
         verdict = f"within 1e-6 of torch's (of the largest value): {largest < 1e-6}"
     else:
         verdict = f"equal to torch's: {torch.equal(q, want_q) and torch.equal(k, want_k)}"
-    print(f"{'q/k norm + ' if with_norm else ''}rotary [5, 4 + 2 heads, 80] float32 in place: "
-          f"{verdict}; v untouched: {torch.equal(v, v_before)}")
+    print(
+        f"{'q/k norm + ' if with_norm else ''}rotary [5, 4 + 2 heads, 80] float32 in place: "
+        f"{verdict}; v untouched: {torch.equal(v, v_before)}"
+    )
 
 # ---- sampling by the exponential race
 logits = torch.tensor([3.0, 2.0, 1.0, 0.0, -1.0, -2.0])
@@ -87,12 +94,18 @@ first = race_sample(flat, temps, no_greedy, seeds)
 order = [5, 2, 0, 4, 1, 3]
 shuffled = race_sample(flat[order], temps, no_greedy, seeds[order])
 print("seeded rows' tokens:", first.tolist())
-print("the rows shuffled, put back:", torch.empty_like(shuffled).scatter_(
-    0, torch.tensor(order), shuffled).tolist())
+print(
+    "the rows shuffled, put back:",
+    torch.empty_like(shuffled).scatter_(0, torch.tensor(order), shuffled).tolist(),
+)
 greedy_rows = torch.tensor([True, False, True, False, True, False])
 mixed = race_sample(flat, temps, greedy_rows, seeds)
-print("greedy rows take the argmax:", torch.equal(mixed[greedy_rows], flat.argmax(-1)[greedy_rows]),
-      "| the sampled rows keep their draws:", torch.equal(mixed[~greedy_rows], first[~greedy_rows]))
+print(
+    "greedy rows take the argmax:",
+    torch.equal(mixed[greedy_rows], flat.argmax(-1)[greedy_rows]),
+    "| the sampled rows keep their draws:",
+    torch.equal(mixed[~greedy_rows], first[~greedy_rows]),
+)
 
 # ---- the page table: a step's pages in one scatter
 size, num_pages = 4, 11
@@ -102,28 +115,44 @@ queue = collections.deque(range(num_pages))  # the free pages, in the order they
 # (row, cached_len, device_len): a prefill of two pages, decodes across a boundary and not, a
 # chunk that starts mid-page and crosses two
 spans = [(0, 0, 6), (1, 8, 9), (2, 5, 6), (3, 3, 4), (4, 12, 13), (5, 6, 17)]
-reqs = [Req(i, list(range(end)), SamplingParams(max_tokens=1), table_idx=row, cached_len=start)
-        for i, (row, start, end) in enumerate(spans)]
+reqs = [
+    Req(i, list(range(end)), SamplingParams(max_tokens=1), table_idx=row, cached_len=start)
+    for i, (row, start, end) in enumerate(spans)
+]
 expected = [[-1] * 20 for _ in range(6)]
 for row, start, end in spans:  # the literal loop: request by request, page by page
     for page_index in range(-(-start // size), -(-end // size)):
         page = queue.popleft()
-        expected[row][page_index * size : (page_index + 1) * size] = range(page * size,
-                                                                           (page + 1) * size)
+        expected[row][page_index * size : (page_index + 1) * size] = range(
+            page * size, (page + 1) * size
+        )
 cache.allocate(reqs)
 for row, start, end in spans:
     first, last = -(-start // size), -(-end // size)  # the row's new pages: first .. last - 1
     pages = (table[row, first * size : last * size : size] // size).tolist()
-    print(f"row {row}, positions [{start}, {end}): new pages {pages}"
-          + ("" if pages else f" (position {start} lies in a page the row holds)"))
-print("one scatter equals the loop:", table.tolist() == expected,
-      f"| pages left: {cache.num_free_pages} of {num_pages}")
+    print(
+        f"row {row}, positions [{start}, {end}): new pages {pages}"
+        + ("" if pages else f" (position {start} lies in a page the row holds)")
+    )
+print(
+    "one scatter equals the loop:",
+    table.tolist() == expected,
+    f"| pages left: {cache.num_free_pages} of {num_pages}",
+)
 
 # ---- the attention metadata's rows: 16-byte aligned
-config = ModelConfig.from_dict({
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 64,
-    "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-    "num_attention_heads": 4, "max_position_embeddings": 128})
+config = ModelConfig.from_dict(
+    {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": 64,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "max_position_embeddings": 128,
+    }
+)
 backend = TritonAttnBackend(config, "cpu")
 print("decode batch size: the byte where each of its five length rows starts, mod 16,")
 print("                   unpadded (rows of B int32) -> padded to a multiple of 4 entries")

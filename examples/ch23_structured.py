@@ -11,16 +11,23 @@ from typing import List
 import jsonschema
 import tiny_models
 import torch
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.structured import Constraint
 
 torch.set_num_threads(1)
 
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok"],
-          "properties": {"name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "ok": {"type": "boolean"}}}
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "ok"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+    },
+}
 DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
 YES_NO = 'root ::= answer " because " reason\nanswer ::= "yes" | "no"\nreason ::= [a-z]{1,6}'
 CONSTRAINTS = [("json_schema", json.dumps(PERSON)), ("regex", DATE), ("ebnf", YES_NO)]
@@ -75,13 +82,15 @@ def show_steps(llm: LLM, prompt: str) -> None:
 
 def show_free_rows(llm: LLM) -> List[List[int]]:
     """Free rows beside a constrained one: their tokens, alone and in the mixed batch."""
-    free = [SamplingParams(max_tokens=24),
-            SamplingParams(max_tokens=24, temperature=0.9, seed=7)]
+    free = [SamplingParams(max_tokens=24), SamplingParams(max_tokens=24, temperature=0.9, seed=7)]
     alone = [o["token_ids"] for o in llm.generate(["a b c", "x y"], free)]
-    mixed = llm.generate(["a b c", "hello", "x y"],
-                         [free[0], SamplingParams(max_tokens=80, regex=DATE), free[1]])
-    print("\nfree rows beside a constrained one keep their tokens:",
-          [mixed[0]["token_ids"], mixed[2]["token_ids"]] == alone)
+    mixed = llm.generate(
+        ["a b c", "hello", "x y"], [free[0], SamplingParams(max_tokens=80, regex=DATE), free[1]]
+    )
+    print(
+        "\nfree rows beside a constrained one keep their tokens:",
+        [mixed[0]["token_ids"], mixed[2]["token_ids"]] == alone,
+    )
     return alone
 
 
@@ -91,8 +100,10 @@ def show_overlap(path: str, prompt: str) -> None:
     for overlap in (False, True):
         run = LLM(path, device="cpu", page_size=4, num_pages=256, overlap_scheduling=overlap)
         runs.append([o["token_ids"] for o in run.generate([prompt] * 3, params)])
-    print("overlap scheduling, each mask filled while the forward runs: same tokens",
-          runs[0] == runs[1])
+    print(
+        "overlap scheduling, each mask filled while the forward runs: same tokens",
+        runs[0] == runs[1],
+    )
 
 
 def show_errors(llm: LLM, prompt: str, alone: List[List[int]]) -> None:

@@ -11,10 +11,11 @@ from typing import Dict, List
 
 import tiny_models
 import torch
+from safetensors.torch import load_file, save_file
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.speculative import accept_greedy, accept_sampled, propose_ngram
-from safetensors.torch import load_file, save_file
 
 torch.set_num_threads(1)
 
@@ -37,8 +38,11 @@ def show_ngram_drafts() -> None:
 def show_greedy_runs() -> None:
     """The drafts kept while they equal the target's argmax, then the target's own token."""
     print("\ngreedy verification (drafts | target argmax at each position -> run kept):")
-    for drafts, target in [([5, 9, 2, 7], [5, 9, 4, 1, 8]), ([5, 9], [5, 9, 3]),
-                           ([4, 4, 4], [6, 4, 4, 4])]:
+    for drafts, target in [
+        ([5, 9, 2, 7], [5, 9, 4, 1, 8]),
+        ([5, 9], [5, 9, 3]),
+        ([4, 4, 4], [6, 4, 4, 4]),
+    ]:
         run = accept_greedy(drafts, target)
         print(f"  {drafts} | {target} -> {run}  ({len(run) - 1} of {len(drafts)} kept)")
 
@@ -49,11 +53,15 @@ def show_sampled_frequencies(draws: int = 20000) -> None:
     p = torch.tensor([[0.5, 0.3, 0.15, 0.05], [0.25, 0.25, 0.25, 0.25]])
     q = torch.tensor([[0.1, 0.6, 0.2, 0.1]])
     generator = torch.Generator().manual_seed(0)
-    print(f"\nspeculative sampling, the first token of {draws} runs, target p = "
-          f"{[round(x, 2) for x in p[0].tolist()]}:")
-    for label, draft, draft_probs in [("draft 1, deterministic", 1, None),
-                                      ("draft 3, deterministic", 3, None),
-                                      ("draft drawn from q = [0.1, 0.6, 0.2, 0.1]", None, q)]:
+    print(
+        f"\nspeculative sampling, the first token of {draws} runs, target p = "
+        f"{[round(x, 2) for x in p[0].tolist()]}:"
+    )
+    for label, draft, draft_probs in [
+        ("draft 1, deterministic", 1, None),
+        ("draft 3, deterministic", 3, None),
+        ("draft drawn from q = [0.1, 0.6, 0.2, 0.1]", None, q),
+    ]:
         counts = [0] * 4
         kept = 0
         for _ in range(draws):
@@ -96,25 +104,36 @@ def show_engine(models: Dict[str, str]) -> None:
     own draft. The tokens are the same every time; the target's forwards are not."""
     _, base = run_engine(models["target"])
     steps = max(len(t) for t in base) - 1  # decode steps of the longest request, after prefill
-    print(f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {steps} decode forwards without"
-          " drafts")
+    print(
+        f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {steps} decode forwards without drafts"
+    )
     runs = [("n-gram", {"speculative": "ngram"})] + [
         (f"draft {name}", {"speculative": "draft", "draft_model": models[name]})
-        for name in ("target", "noise 0.1", "noise 0.3", "qwen3")]
+        for name in ("target", "noise 0.1", "noise 0.3", "qwen3")
+    ]
     for label, spec in runs:
         llm, tokens = run_engine(models["target"], speculative_k=4, **spec)
         stats = llm.scheduler.speculator.stats
-        print(f"  {label:>15}, k=4: same tokens {tokens == base}, {stats.forwards:>2} forwards,"
-              f" kept {stats.accepted:>2} of {stats.proposed:>3} drafts ({stats.acceptance:4.0%}),"
-              f" {stats.tokens_per_step:.2f} tokens a step")
+        print(
+            f"  {label:>15}, k=4: same tokens {tokens == base}, {stats.forwards:>2} forwards,"
+            f" kept {stats.accepted:>2} of {stats.proposed:>3} drafts ({stats.acceptance:4.0%}),"
+            f" {stats.tokens_per_step:.2f} tokens a step"
+        )
     print(f"  first prompt's tokens: {base[0]}")
 
 
 def show_pages_given_back(models: Dict[str, str]) -> None:
     """One request with k=6 drafts from the noisier copy: at each step the pages its refused
     drafts took go back; at the end every page is free or cached."""
-    llm = LLM(models["target"], device="cpu", page_size=4, num_pages=64, speculative="draft",
-              draft_model=models["noise 0.3"], speculative_k=6)
+    llm = LLM(
+        models["target"],
+        device="cpu",
+        page_size=4,
+        num_pages=64,
+        speculative="draft",
+        draft_model=models["noise 0.3"],
+        speculative_k=6,
+    )
     cache = llm.scheduler.cache_manager
     freed: List[int] = []
     free_tail = cache.free_tail
@@ -139,10 +158,12 @@ def main() -> None:
     show_sampled_frequencies()
     with tempfile.TemporaryDirectory() as tmp:
         target = str(tiny_models.make_tiny_model("llama3", f"{tmp}/llama3"))
-        models = {"target": target,
-                  "qwen3": str(tiny_models.make_tiny_model("qwen3", f"{tmp}/qwen3")),
-                  "noise 0.1": noisy_copy(target, f"{tmp}/noise_0.1", 0.1),
-                  "noise 0.3": noisy_copy(target, f"{tmp}/noise_0.3", 0.3)}
+        models = {
+            "target": target,
+            "qwen3": str(tiny_models.make_tiny_model("qwen3", f"{tmp}/qwen3")),
+            "noise 0.1": noisy_copy(target, f"{tmp}/noise_0.1", 0.1),
+            "noise 0.3": noisy_copy(target, f"{tmp}/noise_0.3", 0.3),
+        }
         show_engine(models)
         show_pages_given_back(models)
 

@@ -73,12 +73,18 @@ def make_real_model(directory: str | Path) -> Path:
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                  dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
     # save_pretrained refuses a model that a quantizer loaded: the same weights, in a fresh
     # model of the same config without the GGUF's quantization_config, save as any other
-    config = LlamaConfig.from_dict({k: v for k, v in loaded.config.to_dict().items()
-                                    if k not in ("quantization_config", "_name_or_path")})
+    config = LlamaConfig.from_dict(
+        {
+            k: v
+            for k, v in loaded.config.to_dict().items()
+            if k not in ("quantization_config", "_name_or_path")
+        }
+    )
     with torch.device("meta"):  # no random weights drawn only to be overwritten
         model = LlamaForCausalLM(config)
     model.load_state_dict(loaded.state_dict(), assign=True)
@@ -108,12 +114,17 @@ def _check_tokenizer(path: Path, converted) -> None:
     loaded = AutoTokenizer.from_pretrained(path)
     text = "The capital of France is Paris. Café 你好 😀\n  def f(x): return x ** 2"
     chat = [{"role": "user", "content": text}]
-    same = (len(loaded) == len(converted) and loaded.encode(text) == converted.encode(text)
-            and loaded.apply_chat_template(chat, tokenize=False)
-            == converted.apply_chat_template(chat, tokenize=False))
+    same = (
+        len(loaded) == len(converted)
+        and loaded.encode(text) == converted.encode(text)
+        and loaded.apply_chat_template(chat, tokenize=False)
+        == converted.apply_chat_template(chat, tokenize=False)
+    )
     if not same:
-        raise RuntimeError(f"AutoTokenizer loads a {type(loaded).__name__} from {path} that does "
-                           "not encode as the converted tokenizer")
+        raise RuntimeError(
+            f"AutoTokenizer loads a {type(loaded).__name__} from {path} that does "
+            "not encode as the converted tokenizer"
+        )
 
 
 def cached_real_model() -> Path:

@@ -94,8 +94,7 @@ _COMMON = dict(
     tie_word_embeddings=False,
 )
 
-FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe", "qwen2bytes",
-            "qwen3moe_nonorm")
+FAMILIES = ("llama3", "qwen2", "qwen3", "mistral", "qwen3moe", "qwen2bytes", "qwen3moe_nonorm")
 
 
 def _config(name: str, eos: int):
@@ -103,29 +102,55 @@ def _config(name: str, eos: int):
 
     ids = dict(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     if name == "llama3":
-        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                    high_freq_factor=4.0, original_max_position_embeddings=64)
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        )
         return tf.LlamaConfig(**_COMMON, **ids, rope_scaling=rope)
     if name == "qwen2":
-        return tf.Qwen2Config(**{**_COMMON, "tie_word_embeddings": True}, **ids,
-                              rope_theta=1000000.0)
+        return tf.Qwen2Config(
+            **{**_COMMON, "tie_word_embeddings": True}, **ids, rope_theta=1000000.0
+        )
     if name == "qwen2bytes":
-        return tf.Qwen2Config(**{**_COMMON, "tie_word_embeddings": True, **ids,
-                                 "vocab_size": BYTES_VOCAB_SIZE}, rope_theta=1000000.0)
+        return tf.Qwen2Config(
+            **{**_COMMON, "tie_word_embeddings": True, **ids, "vocab_size": BYTES_VOCAB_SIZE},
+            rope_theta=1000000.0,
+        )
     if name == "qwen3":
-        rope = dict(rope_type="yarn", rope_theta=1000000.0, factor=4.0,
-                    original_max_position_embeddings=128)
+        rope = dict(
+            rope_type="yarn", rope_theta=1000000.0, factor=4.0, original_max_position_embeddings=128
+        )
         return tf.Qwen3Config(**_COMMON, **ids, rope_scaling=rope)
     if name == "mistral":
         return tf.MistralConfig(**_COMMON, **ids, rope_theta=1000000.0, sliding_window=None)
     if name == "qwen3moe":
-        return tf.Qwen3MoeConfig(**_COMMON, **ids, rope_theta=1000000.0, num_experts=8,
-                                 num_experts_per_tok=2, moe_intermediate_size=32,
-                                 norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+        return tf.Qwen3MoeConfig(
+            **_COMMON,
+            **ids,
+            rope_theta=1000000.0,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
     if name == "qwen3moe_nonorm":
-        return tf.Qwen3MoeConfig(**_COMMON, **ids, rope_theta=1000000.0, num_experts=8,
-                                 num_experts_per_tok=2, moe_intermediate_size=32,
-                                 norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[0])
+        return tf.Qwen3MoeConfig(
+            **_COMMON,
+            **ids,
+            rope_theta=1000000.0,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=False,
+            decoder_sparse_step=1,
+            mlp_only_layers=[0],
+        )
     raise ValueError(f"unknown tiny model {name!r}; known: {', '.join(FAMILIES)}")
 
 
@@ -163,7 +188,9 @@ def _train_tokenizer():
     if tok.get_vocab_size() != VOCAB_SIZE:  # the config's vocab_size must be the tokenizer's
         raise RuntimeError(f"the tokenizer has {tok.get_vocab_size()} tokens, not {VOCAB_SIZE}")
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
         unk_token=UNK_TOKEN,
     )
     fast.chat_template = CHAT_TEMPLATE
@@ -180,21 +207,25 @@ def _train_byte_tokenizer():
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_REGEX), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=BYTES_VOCAB_SIZE, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=BYTES_VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator([TEXT, MULTIBYTE_TEXT], trainer=trainer)
     if tok.get_vocab_size() != BYTES_VOCAB_SIZE:
-        raise RuntimeError(f"the tokenizer has {tok.get_vocab_size()} tokens, "
-                           f"not {BYTES_VOCAB_SIZE}")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=BYTES_EOS,
-                                   pad_token=BYTES_PAD)
+        raise RuntimeError(
+            f"the tokenizer has {tok.get_vocab_size()} tokens, not {BYTES_VOCAB_SIZE}"
+        )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=BYTES_EOS, pad_token=BYTES_PAD)
     fast.chat_template = BYTES_CHAT_TEMPLATE
     return fast
 
@@ -243,8 +274,10 @@ def _check_tokenizer(path: Path, trained, text: str = "") -> None:
     loaded = AutoTokenizer.from_pretrained(path)
     text = TEXT + "".join(map(chr, range(32, 127))) + text
     if len(loaded) != len(trained) or loaded.encode(text) != trained.encode(text):
-        raise RuntimeError(f"AutoTokenizer loads a {type(loaded).__name__} from {path} that does "
-                           "not encode as the trained tokenizer")
+        raise RuntimeError(
+            f"AutoTokenizer loads a {type(loaded).__name__} from {path} that does "
+            "not encode as the trained tokenizer"
+        )
 
 
 def make_tiny_model(name: str, directory: str | Path) -> Path:

@@ -36,8 +36,15 @@ from pathlib import Path
 PRACTICE = Path(__file__).resolve().parent
 FOLDER = re.compile(r"(\d{3})_[a-z0-9_]+")
 FILES = ("exercise.toml", "README.md", "starter.py", "reference.py", "tests.py")
-FIELDS = {"id": str, "title": str, "chapter": int, "difficulty": str, "runs": str,
-          "function": str, "source": str}
+FIELDS = {
+    "id": str,
+    "title": str,
+    "chapter": int,
+    "difficulty": str,
+    "runs": str,
+    "function": str,
+    "source": str,
+}
 DIFFICULTIES = ("easy", "medium", "hard")
 RUNS = ("browser", "local")  # browser: pure Python, Pyodide runs it; local: needs torch/numpy
 TEST_LIMIT_S = {"browser": 5, "local": 60}  # one test; a whole exercise takes < 2 s
@@ -103,8 +110,10 @@ def folders(practice: Path = PRACTICE) -> dict[str, Path]:
         match = FOLDER.fullmatch(folder.name)
         if match and folder.is_dir():
             if match.group(1) in found:
-                raise ExerciseError(f"two folders for exercise {match.group(1)}: "
-                                    f"{found[match.group(1)].name} and {folder.name}")
+                raise ExerciseError(
+                    f"two folders for exercise {match.group(1)}: "
+                    f"{found[match.group(1)].name} and {folder.name}"
+                )
             found[match.group(1)] = folder
     return found
 
@@ -126,17 +135,25 @@ def load(folder: Path) -> Exercise:
     if data["id"] != number:
         raise ExerciseError(f"{where}: id is {data['id']!r}, but the folder says {number}")
     if data["chapter"] != int(number[:2]):
-        raise ExerciseError(f"{where}: chapter is {data['chapter']}, but id {number} says "
-                            f"{int(number[:2])}")
+        raise ExerciseError(
+            f"{where}: chapter is {data['chapter']}, but id {number} says {int(number[:2])}"
+        )
     for key, allowed in (("difficulty", DIFFICULTIES), ("runs", RUNS)):
         if data[key] not in allowed:
             raise ExerciseError(f"{where}: {key} must be one of {', '.join(allowed)}")
     functions = tuple(name.strip() for name in data["function"].split(","))
     if not all(name.isidentifier() for name in functions):
-        raise ExerciseError(f"{where}: function must name Python functions: "
-                            f"{data['function']!r}")
-    return Exercise(data["id"], data["title"], data["chapter"], data["difficulty"],
-                    data["runs"], functions, data["source"], folder)
+        raise ExerciseError(f"{where}: function must name Python functions: {data['function']!r}")
+    return Exercise(
+        data["id"],
+        data["title"],
+        data["chapter"],
+        data["difficulty"],
+        data["runs"],
+        functions,
+        data["source"],
+        folder,
+    )
 
 
 def _read_toml(path: Path) -> dict:
@@ -186,8 +203,13 @@ def judge(exercise: Exercise, solution: Path) -> tuple[list, str]:
     child that crashes or sticks there is reported here)."""
     limit = TIMEOUT_S
     memory_mb = memory_cap_mb(exercise.runs) if _CAN_CAP else None
-    command = [sys.executable, str(PRACTICE / "runner.py"), str(solution.resolve()),
-               str(exercise.file("tests.py")), str(TEST_LIMIT_S[exercise.runs])]
+    command = [
+        sys.executable,
+        str(PRACTICE / "runner.py"),
+        str(solution.resolve()),
+        str(exercise.file("tests.py")),
+        str(TEST_LIMIT_S[exercise.runs]),
+    ]
     command += [] if memory_mb is None else [str(memory_mb)]
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
     child = _run_child(command, env, exercise.folder, limit)
@@ -197,8 +219,10 @@ def judge(exercise: Exercise, solution: Path) -> tuple[list, str]:
         # A child at its cap may be stuck rather than dead (a library whose thread could not
         # start waits for it for ever), so a timeout there is the memory's fault too.
         if memory_mb is not None and _ran_out_of_memory(child, MEMORY_LIMIT_MB[exercise.runs]):
-            message = f"the tests used more than {memory_mb:g} MB (a list or a loop that " \
-                      "grows without end?)"
+            message = (
+                f"the tests used more than {memory_mb:g} MB (a list or a loop that "
+                "grows without end?)"
+            )
             return [runner.Outcome("memory", False, message)], child.stderr
         if child.returncode is None:
             message = f"the tests took longer than {limit:g} s (an endless loop?)"
@@ -218,19 +242,24 @@ def judge_many(exercise: Exercise, solutions: list[Path]) -> list[list]:
     if not solutions:
         return []
     memory_mb = memory_cap_mb(exercise.runs) if _CAN_CAP else None
-    command = [sys.executable, str(PRACTICE / "runner.py"), "--many",
-               str(exercise.file("tests.py")), str(TEST_LIMIT_S[exercise.runs]),
-               "-" if memory_mb is None else str(memory_mb),
-               *(str(solution.resolve()) for solution in solutions)]
+    command = [
+        sys.executable,
+        str(PRACTICE / "runner.py"),
+        "--many",
+        str(exercise.file("tests.py")),
+        str(TEST_LIMIT_S[exercise.runs]),
+        "-" if memory_mb is None else str(memory_mb),
+        *(str(solution.resolve()) for solution in solutions),
+    ]
     env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
     child = _run_child(command, env, exercise.folder, TIMEOUT_S)
     judged: list[list] = []
-    for line in child.stdout.splitlines()[:len(solutions)]:
+    for line in child.stdout.splitlines()[: len(solutions)]:
         try:
             judged.append([runner.Outcome(**o) for o in json.loads(line)["outcomes"]])
         except (ValueError, KeyError, TypeError):  # cut short, or the learner's own output
             break
-    return judged + [judge(exercise, solution)[0] for solution in solutions[len(judged):]]
+    return judged + [judge(exercise, solution)[0] for solution in solutions[len(judged) :]]
 
 
 def memory_cap_mb(runs: str) -> int:
@@ -255,8 +284,9 @@ def _run_child(command: list[str], env: dict, cwd: Path, timeout_s: float) -> _C
     only its tail is read back: a printing loop does not fill this process's memory."""
     if not hasattr(os, "wait4"):  # Windows: no resource use to read
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
-                                  env=env, cwd=cwd)
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=cwd
+            )
         except subprocess.TimeoutExpired as e:
             return _Child(None, "", _text(e.stderr or b""), None)
         return _Child(done.returncode, done.stdout, done.stderr[-PRINTED_MAX:], None)
@@ -337,11 +367,11 @@ def _source_problems(exercise: Exercise, name: str) -> list[str]:
         return [f"{name} does not parse: {e.msg} (line {e.lineno})"]
     found = []
     if name != "tests.py":
-        defined = {node.name for node in tree.body
-                   if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+        defined = {
+            node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        }
         found += [f"{name} does not define {f}" for f in exercise.functions if f not in defined]
-    elif not any(isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
-                 for n in tree.body):
+    elif not any(isinstance(n, ast.FunctionDef) and n.name.startswith("test_") for n in tree.body):
         found.append("tests.py has no test_ function")
     if exercise.runs == "browser":
         outside = sorted(_imports(tree) - set(sys.stdlib_module_names))
@@ -410,8 +440,16 @@ def cmd_list() -> int:
         except ExerciseError as e:
             rows.append((exercise_id, "", "", "", "", f"(invalid: {e})"))
             continue
-        rows.append((exercise.id, str(exercise.chapter), exercise.difficulty, exercise.runs,
-                     _solved(exercise), exercise.title))
+        rows.append(
+            (
+                exercise.id,
+                str(exercise.chapter),
+                exercise.difficulty,
+                exercise.runs,
+                _solved(exercise),
+                exercise.title,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -432,8 +470,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="judge.py", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(
+        prog="judge.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("id", nargs="?", help="the exercise, e.g. 171")
     parser.add_argument("file", nargs="?", type=Path, help="your solution")
     parser.add_argument("--list", action="store_true", help="every exercise")

@@ -55,9 +55,13 @@ def load_module(name: str, source: str, filename: str) -> types.ModuleType:
 
 def collect_tests(tests: types.ModuleType) -> list[tuple[str, Callable]]:
     """The module's own `test_*` functions, in the order they are written."""
-    return [(name, value) for name, value in vars(tests).items()
-            if name.startswith("test_") and callable(value)
-            and getattr(value, "__module__", None) == tests.__name__]
+    return [
+        (name, value)
+        for name, value in vars(tests).items()
+        if name.startswith("test_")
+        and callable(value)
+        and getattr(value, "__module__", None) == tests.__name__
+    ]
 
 
 def describe(error: BaseException) -> str:
@@ -81,8 +85,12 @@ def _where(error: BaseException) -> str:
     return ""
 
 
-def run(solution_source: str, tests_source: str, limit_s: float | None = None,
-        memory_mb: float | None = None) -> list[Outcome]:
+def run(
+    solution_source: str,
+    tests_source: str,
+    limit_s: float | None = None,
+    memory_mb: float | None = None,
+) -> list[Outcome]:
     """Every test's outcome; a solution that does not load is one failed `load` outcome. With
     `limit_s` (where there are signals: not in the browser) a test, or the loading, running
     longer fails; a test that runs out of memory fails too (`memory_mb`, the cap, only words
@@ -117,8 +125,13 @@ def run(solution_source: str, tests_source: str, limit_s: float | None = None,
         sys.modules.pop("practice_tests", None)
 
 
-def _run_one(name: str, test: Callable, solution: types.ModuleType, limit_s: float | None,
-             memory_mb: float | None) -> tuple[Outcome, str]:
+def _run_one(
+    name: str,
+    test: Callable,
+    solution: types.ModuleType,
+    limit_s: float | None,
+    memory_mb: float | None,
+) -> tuple[Outcome, str]:
     """The test's outcome, and why no test should follow it ("" when they may)."""
     try:
         with _time_limit(limit_s):
@@ -194,8 +207,7 @@ def _time_limit(limit_s: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-_ENDING = {_time_limit.__wrapped__.__code__,
-           contextlib._GeneratorContextManager.__exit__.__code__}
+_ENDING = {_time_limit.__wrapped__.__code__, contextlib._GeneratorContextManager.__exit__.__code__}
 
 
 def cap_memory(memory_mb: float) -> bool:
@@ -246,8 +258,12 @@ def all_passed(outcomes: list[Outcome]) -> bool:
     return bool(outcomes) and all(o.passed for o in outcomes)
 
 
-def run_json(solution_source: str, tests_source: str, limit_s: float | None = None,
-             memory_mb: float | None = None) -> str:
+def run_json(
+    solution_source: str,
+    tests_source: str,
+    limit_s: float | None = None,
+    memory_mb: float | None = None,
+) -> str:
     """The outcomes and the report's lines, as JSON: the browser's entry, and judge.py's."""
     try:
         outcomes = run(solution_source, tests_source, limit_s, memory_mb)

@@ -72,9 +72,12 @@ def real_model() -> Path:
 def _torch_settings() -> dict[str, Any]:
     import torch
 
-    return {"default dtype": torch.get_default_dtype(), "default device": torch.empty(0).device,
-            "grad enabled": torch.is_grad_enabled(),
-            "float32 matmul precision": torch.get_float32_matmul_precision()}
+    return {
+        "default dtype": torch.get_default_dtype(),
+        "default device": torch.empty(0).device,
+        "grad enabled": torch.is_grad_enabled(),
+        "float32 matmul precision": torch.get_float32_matmul_precision(),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -92,5 +95,7 @@ def _torch_settings_unchanged() -> Iterator[None]:
         torch.set_default_device(before["default device"])
         torch.set_grad_enabled(before["grad enabled"])
         torch.set_float32_matmul_precision(before["float32 matmul precision"])
-        pytest.fail("the test left torch's settings changed (now, before): " + ", ".join(
-            f"{k} {now} instead of {old}" for k, (now, old) in changed.items()))
+        pytest.fail(
+            "the test left torch's settings changed (now, before): "
+            + ", ".join(f"{k} {now} instead of {old}" for k, (now, old) in changed.items())
+        )

@@ -57,9 +57,14 @@ def hf_greedy(path: str | Path, prompts: Sequence[str | Sequence[int]], n: int) 
     result = []
     for prompt in prompts:
         ids = torch.tensor([encode(path, prompt)])
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                             do_sample=False, eos_token_id=None)
-        new = out[0, ids.shape[1]:].tolist()
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+        )
+        new = out[0, ids.shape[1] :].tolist()
         assert len(new) == n, f"transformers stopped after {len(new)} of {n} tokens"
         result.append(new)
     return result
@@ -105,8 +110,14 @@ def build_llm(path: str | Path) -> Any:
     """An offline ``LLM`` with small CPU options: a few pages of 4 tokens, a few rows."""
     from minisgl.llm import LLM
 
-    return LLM(str(path), device="cpu", page_size=4, num_pages=256, max_running_req=8,
-               max_extend_tokens=256)
+    return LLM(
+        str(path),
+        device="cpu",
+        page_size=4,
+        num_pages=256,
+        max_running_req=8,
+        max_extend_tokens=256,
+    )
 
 
 def greedy(n: int) -> Any:
@@ -149,8 +160,12 @@ def modules_imported(imports: str, names: Sequence[str]) -> list[str]:
     import subprocess
 
     code = f"import sys, {imports}; print(sorted({set(names)!r} & set(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
-                         timeout=START_TIMEOUT)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+        timeout=START_TIMEOUT,
+    )
     assert out.returncode == 0, out.stderr
     return ast.literal_eval(out.stdout.strip())

@@ -6,6 +6,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
 from minisgl.layers.base import BaseOP
 from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from minisgl.layers.linear import (
@@ -17,7 +19,6 @@ from minisgl.layers.linear import (
 )
 from minisgl.layers.norm import RMSNorm, RMSNormFused
 from minisgl.utils.misc import div_ceil, div_even
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-6) -> bool:

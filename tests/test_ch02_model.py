@@ -8,16 +8,17 @@ import json
 import pytest
 import torch
 from helpers import DENSE, copy_hf_weights, encode, hf_logits, hf_model
-from minisgl.layers.activation import silu_and_mul
-from minisgl.layers.rotary import RotaryEmbedding, rope_frequencies
-from minisgl.models import ModelConfig, create_model, get_model_class, sequence_logits
-from minisgl.models.utils import build_mlp
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRotaryEmbedding,
     apply_rotary_pos_emb,
 )
+
+from minisgl.layers.activation import silu_and_mul
+from minisgl.layers.rotary import RotaryEmbedding, rope_frequencies
+from minisgl.models import ModelConfig, create_model, get_model_class, sequence_logits
+from minisgl.models.utils import build_mlp
 
 PROMPTS = ["hello world", "The quick brown fox jumps over the lazy dog.",
            "Once upon a time there was a small robot who lived in a library."]

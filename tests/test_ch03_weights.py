@@ -9,13 +9,18 @@ import shutil
 import pytest
 import torch
 from helpers import DENSE, encode, hf_greedy, hf_model, hf_to_minisgl_state
-from minisgl.models import ModelConfig, generate_greedy_recompute, load_model
-from minisgl.models.weight import load_weights
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-PROMPTS = ["hello world", "The quick brown fox", "Once upon a time there was a small robot",
-           "def add(a, b):"]
+from minisgl.models import ModelConfig, generate_greedy_recompute, load_model
+from minisgl.models.weight import load_weights
+
+PROMPTS = [
+    "hello world",
+    "The quick brown fox",
+    "Once upon a time there was a small robot",
+    "def add(a, b):",
+]
 
 
 def _checkpoint(path) -> dict[str, torch.Tensor]:
@@ -43,9 +48,13 @@ def test_loaded_weights_equal_the_checkpoint_slice_by_slice(tiny_models, family)
     ours = load_model(path).state_dict()
     q, kv = config.num_qo_heads * config.head_dim, config.num_kv_heads * config.head_dim
     inter = config.intermediate_size
-    slices = {"q_proj": ("qkv_proj", 0, q), "k_proj": ("qkv_proj", q, q + kv),
-              "v_proj": ("qkv_proj", q + kv, q + 2 * kv), "gate_proj": ("gate_up_proj", 0, inter),
-              "up_proj": ("gate_up_proj", inter, 2 * inter)}
+    slices = {
+        "q_proj": ("qkv_proj", 0, q),
+        "k_proj": ("qkv_proj", q, q + kv),
+        "v_proj": ("qkv_proj", q + kv, q + 2 * kv),
+        "gate_proj": ("gate_up_proj", 0, inter),
+        "up_proj": ("gate_up_proj", inter, 2 * inter),
+    }
     used = set()
     for name, tensor in ckpt.items():
         part = name.split(".")[-2]
@@ -183,8 +192,14 @@ def test_unknown_architecture(tiny_models, tmp_path):
         load_model(out)
 
 
-@pytest.mark.parametrize("dropped", ["model.layers.1.self_attn.k_proj.weight",
-                                     "model.layers.0.mlp.up_proj.weight", "model.norm.weight"])
+@pytest.mark.parametrize(
+    "dropped",
+    [
+        "model.layers.1.self_attn.k_proj.weight",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.norm.weight",
+    ],
+)
 def test_missing_tensor_is_named(tiny_models, tmp_path, dropped):
     out = _copy(tiny_models, "llama3", tmp_path, drop=[dropped])
     with pytest.raises(ValueError, match=f"'{dropped}'"):

@@ -15,6 +15,7 @@ import torch
 from helpers import encode
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from minisgl.core import SamplingParams
 from minisgl.engine.sample import BatchSamplingArgs, Sampler, top_k_top_p_filter
 from minisgl.models import generate_greedy_recompute, load_model, sequence_logits
@@ -22,11 +23,22 @@ from minisgl.models import generate_greedy_recompute, load_model, sequence_logit
 # ---- SamplingParams -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field,value", [
-    ("temperature", -0.5), ("temperature", float("nan")), ("top_k", 0), ("top_k", -2),
-    ("top_p", 0.0), ("top_p", 1.5), ("top_p", -0.1), ("max_tokens", 0), ("max_tokens", -3),
-    ("seed", -1), ("seed", 2**31),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("temperature", -0.5),
+        ("temperature", float("nan")),
+        ("top_k", 0),
+        ("top_k", -2),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_p", -0.1),
+        ("max_tokens", 0),
+        ("max_tokens", -3),
+        ("seed", -1),
+        ("seed", 2**31),
+    ],
+)
 def test_bad_sampling_params_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"^{field} must be"):
         SamplingParams(**{field: value})
@@ -98,9 +110,14 @@ def _args(*params: SamplingParams) -> BatchSamplingArgs:
 def test_greedy_rows_take_the_argmax_in_a_mixed_batch():
     torch.manual_seed(0)
     logits = torch.randn(6, 100)
-    params = [SamplingParams(), SamplingParams(temperature=1.0), SamplingParams(),
-              SamplingParams(temperature=0.7, top_k=1), SamplingParams(temperature=5.0, top_p=1e-6),
-              SamplingParams(temperature=1.0, top_k=20)]
+    params = [
+        SamplingParams(),
+        SamplingParams(temperature=1.0),
+        SamplingParams(),
+        SamplingParams(temperature=0.7, top_k=1),
+        SamplingParams(temperature=5.0, top_p=1e-6),
+        SamplingParams(temperature=1.0, top_k=20),
+    ]
     sampler = Sampler(seed=0)
     for _ in range(20):
         tokens = sampler.sample(logits, _args(*params))
@@ -128,9 +145,15 @@ def _chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [
-    (1.0, -1, 1.0), (0.7, 5, 1.0), (1.3, -1, 0.8), (0.8, 6, 0.9),
-])
+@pytest.mark.parametrize(
+    "temperature,top_k,top_p",
+    [
+        (1.0, -1, 1.0),
+        (0.7, 5, 1.0),
+        (1.3, -1, 0.8),
+        (0.8, 6, 0.9),
+    ],
+)
 def test_frequencies_follow_the_filtered_distribution(temperature, top_k, top_p):
     """Draw N tokens from one row of logits repeated N times; the counts must fit the filtered,
     renormalized distribution (chi-square; 9 degrees of freedom at most, p < 1e-4 beyond 35)."""
@@ -162,8 +185,9 @@ def test_rows_of_one_batch_keep_their_own_settings():
         keep = torch.tensor(reference_keep(probs.tolist(), p.top_k, p.top_p))
         expected = n * torch.where(keep, probs, 0.0) / probs[keep].sum()
         assert counts[~keep].sum() == 0 and _chi_square(counts, expected) < 25.0
-    assert math.isclose(float((tokens[:, 0] == 0).double().mean()),
-                        1 / (1 + math.exp(-0.5)), abs_tol=0.02)
+    assert math.isclose(
+        float((tokens[:, 0] == 0).double().mean()), 1 / (1 + math.exp(-0.5)), abs_tol=0.02
+    )
 
 
 # ---- at the scale of a real vocabulary ------------------------------------------------------
@@ -198,13 +222,19 @@ def test_seeded_draws_equal_the_recorded_tokens():
     and its exponential draws, on which multinomial rests, do not depend on the thread count.)"""
     multipliers = [7919, 104729, 1299709, 15485863]  # four different rows
     logits = torch.stack([real_scale_logits(12.0, m) for m in multipliers])
-    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=20),
-              SamplingParams(temperature=1.3, top_p=0.5), SamplingParams()]
+    params = [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_k=20),
+        SamplingParams(temperature=1.3, top_p=0.5),
+        SamplingParams(),
+    ]
     sampler = Sampler(seed=2024)
     draws = [sampler.sample(logits, _args(*params)).tolist() for _ in range(3)]
-    assert draws == [[4873, 10296, 50083, 83945],
-                     [23177, 63411, 124035, 83945],
-                     [11741, 2887, 93015, 83945]]
+    assert draws == [
+        [4873, 10296, 50083, 83945],
+        [23177, 63411, 124035, 83945],
+        [11741, 2887, 93015, 83945],
+    ]
     # plausible: rank 0 is the most likely token of its row
     rank = logits.argsort(-1, descending=True).argsort(-1)
     ranks = [[int(rank[row, token]) for row, token in enumerate(d)] for d in draws]
@@ -217,8 +247,9 @@ def test_seeded_draws_equal_the_recorded_tokens():
 # ---- with a model ---------------------------------------------------------------------------
 
 
-def _generate(model, sampler: Sampler, prompts: list[list[int]],
-              params: list[SamplingParams], steps: int) -> list[list[int]]:
+def _generate(
+    model, sampler: Sampler, prompts: list[list[int]], params: list[SamplingParams], steps: int
+) -> list[list[int]]:
     """Recompute every sequence, take its last logits, sample the batch; the new tokens."""
     seqs = [list(p) for p in prompts]
     args = BatchSamplingArgs.from_params(params)
@@ -226,7 +257,7 @@ def _generate(model, sampler: Sampler, prompts: list[list[int]],
         logits = torch.stack([sequence_logits(model, s)[-1] for s in seqs])
         for seq, token in zip(seqs, sampler.sample(logits, args).tolist()):
             seq.append(token)
-    return [s[len(p):] for s, p in zip(seqs, prompts)]
+    return [s[len(p) :] for s, p in zip(seqs, prompts)]
 
 
 def test_greedy_sampling_equals_greedy_generation(tiny_models):
@@ -267,8 +298,9 @@ def _seeded_run(seed: int | None, sampler_seed: int, rows: int, where: int) -> l
 
     logits = torch.randn(30, 64, generator=torch.Generator().manual_seed(0))
     req = Req(0, [1], SamplingParams(temperature=1.0, max_tokens=30, seed=seed))
-    others = [Req(i + 1, [1], SamplingParams(temperature=1.0, max_tokens=30))
-              for i in range(rows - 1)]
+    others = [
+        Req(i + 1, [1], SamplingParams(temperature=1.0, max_tokens=30)) for i in range(rows - 1)
+    ]
     reqs = others[:where] + [req] + others[where:]
     sampler = Sampler(seed=sampler_seed)
     for step in range(30):
@@ -296,8 +328,10 @@ def _neighbour_run(neighbour_seed: int | None, steps: int = 12) -> tuple[list[in
     from minisgl.core import Batch, Req
 
     logits = torch.randn(steps, 64, generator=torch.Generator().manual_seed(1))
-    reqs = [Req(0, [1], SamplingParams(temperature=1.0, max_tokens=steps)),
-            Req(1, [1], SamplingParams(temperature=1.0, max_tokens=steps, seed=neighbour_seed))]
+    reqs = [
+        Req(0, [1], SamplingParams(temperature=1.0, max_tokens=steps)),
+        Req(1, [1], SamplingParams(temperature=1.0, max_tokens=steps, seed=neighbour_seed)),
+    ]
     sampler = Sampler(seed=3)
     for step in range(steps):
         args = sampler.prepare(Batch(reqs))

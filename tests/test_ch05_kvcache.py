@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import DENSE, encode, hf_greedy
+
 from minisgl.attention import create_attention_backend
 from minisgl.attention.utils import attend
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
@@ -30,7 +31,8 @@ def give_slots(ctx: Context, req: Req, pages: list[int]) -> None:
             page = pages.pop(0)
             start = page * ctx.page_size
             ctx.page_table[req.table_idx, pos : pos + ctx.page_size] = torch.arange(
-                start, start + ctx.page_size)[: ctx.page_table.shape[1] - pos]
+                start, start + ctx.page_size
+            )[: ctx.page_table.shape[1] - pos]
 
 
 def run(model, ctx: Context, reqs: list[Req]) -> torch.Tensor:
@@ -38,9 +40,11 @@ def run(model, ctx: Context, reqs: list[Req]) -> torch.Tensor:
     positions = torch.cat([torch.arange(r.cached_len, r.device_len) for r in reqs])
     ids = torch.tensor([t for r in reqs for t in r.all_ids[r.cached_len : r.device_len]])
     rows = torch.tensor([r.table_idx for r in reqs]).repeat_interleave(
-        torch.tensor([r.extend_len for r in reqs]))
-    batch = Batch(reqs, input_ids=ids, positions=positions,
-                  out_loc=ctx.page_table[rows, positions].long())
+        torch.tensor([r.extend_len for r in reqs])
+    )
+    batch = Batch(
+        reqs, input_ids=ids, positions=positions, out_loc=ctx.page_table[rows, positions].long()
+    )
     with use_global_ctx(ctx), ctx.forward_batch(batch):
         ctx.attn_backend.prepare_metadata(batch)
         logits = model.forward(ids, positions)
@@ -62,8 +66,15 @@ def cached_greedy(model, ids: list[int], n: int, page_size: int, pages: list[int
 def test_pool_layout_and_slots():
     from minisgl.kvcache.mha_pool import MHAKVCachePool
 
-    pool = MHAKVCachePool(num_layers=3, num_kv_heads=2, head_dim=4, num_pages=5, page_size=4,
-                          dtype=torch.float32, device="cpu")
+    pool = MHAKVCachePool(
+        num_layers=3,
+        num_kv_heads=2,
+        head_dim=4,
+        num_pages=5,
+        page_size=4,
+        dtype=torch.float32,
+        device="cpu",
+    )
     assert pool.buffer.shape == (2, 3, 5, 4, 2, 4)
     k, v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
     pool.store_kv(k, v, torch.tensor([9, 18]), layer_id=1)
@@ -114,8 +125,10 @@ def test_two_requests_in_one_forward_equal_each_alone(tiny_models, page_size):
     num_pages = 256 // page_size
     alone = [cached_greedy(model, p, 6, page_size, list(range(num_pages))) for p in (a, b)]
     ctx = make_context(model, page_size, num_pages, rows=2)
-    reqs = [Req(0, a, SamplingParams(max_tokens=6), table_idx=0),
-            Req(1, b, SamplingParams(max_tokens=6), table_idx=1)]
+    reqs = [
+        Req(0, a, SamplingParams(max_tokens=6), table_idx=0),
+        Req(1, b, SamplingParams(max_tokens=6), table_idx=1),
+    ]
     free = list(range(num_pages))[::-1]
     while len(reqs[0].output_ids) < 6:
         for r in reqs:

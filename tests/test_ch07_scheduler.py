@@ -6,20 +6,33 @@ from __future__ import annotations
 
 import pytest
 from helpers import DENSE, assert_pages_all_back, encode, hf_greedy
+
 from minisgl import kvcache
 from minisgl.core import Req, SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.utils import pages_to_finish
 
-PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
-           "1 2 3 4 5", "def add(a, b): return a + b", "The weather today is sunny"]
+PROMPTS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time",
+    "1 2 3 4 5",
+    "def add(a, b): return a + b",
+    "The weather today is sunny",
+]
 # The prefix caches this tree has: chapter 8 adds the radix cache, which these tests must hold too.
 CACHES = ["naive"] + (["radix"] if hasattr(kvcache, "RadixPrefixCache") else [])
 
 
 def make(path, **options) -> Scheduler:
-    options = {"device": "cpu", "page_size": 4, "num_pages": 64, "max_running_req": 4,
-               "cache_type": "naive", **options}
+    options = {
+        "device": "cpu",
+        "page_size": 4,
+        "num_pages": 64,
+        "max_running_req": 4,
+        "cache_type": "naive",
+        **options,
+    }
     return Scheduler(SchedulerConfig(str(path), **options))
 
 
@@ -27,8 +40,9 @@ def greedy(n: int) -> SamplingParams:
     return SamplingParams(max_tokens=n, ignore_eos=True)
 
 
-@pytest.mark.parametrize("family, cache_type", [(f, "naive") for f in DENSE]
-                         + [("qwen3", c) for c in CACHES[1:]])  # the radix cache on one
+@pytest.mark.parametrize(
+    "family, cache_type", [(f, "naive") for f in DENSE] + [("qwen3", c) for c in CACHES[1:]]
+)  # the radix cache on one
 def test_more_requests_than_rows_equal_transformers(tiny_models, family, cache_type):
     path = tiny_models[family]
     s = make(path, max_running_req=2, cache_type=cache_type)
@@ -61,8 +75,13 @@ def test_requests_arriving_mid_run(tiny_models, page_size, cache_type):
 @pytest.mark.parametrize("cache_type", CACHES)
 def test_a_pool_too_small_for_all_at_once(tiny_models, cache_type):
     path = tiny_models["llama3"]
-    s = make(path, page_size=4, num_pages=10, max_running_req=8,  # 40 token slots
-             cache_type=cache_type)
+    s = make(
+        path,
+        page_size=4,
+        num_pages=10,
+        max_running_req=8,  # 40 token slots
+        cache_type=cache_type,
+    )
     reqs = [s.add_req(encode(path, p), greedy(12)) for p in PROMPTS]
     most_running, waited = 0, False
     while s.step() is not None:
@@ -110,9 +129,13 @@ def test_bad_requests_are_refused_and_the_others_still_finish(tiny_models, cache
     s.step()
     zero, hot = SamplingParams(), SamplingParams()
     zero.max_tokens, hot.temperature = 0, -0.5  # changed after construction, past its checks
-    bad = [([], greedy(3), "prompt"), (list(range(64)), greedy(3), "max_seq_len"),
-           ([1, 2], zero, "max_tokens"), ([1, 2], hot, "temperature"),
-           ([1, 100000], greedy(3), "input_ids")]
+    bad = [
+        ([], greedy(3), "prompt"),
+        (list(range(64)), greedy(3), "max_seq_len"),
+        ([1, 2], zero, "max_tokens"),
+        ([1, 2], hot, "temperature"),
+        ([1, 100000], greedy(3), "input_ids"),
+    ]
     for ids, params, field in bad:
         with pytest.raises(ValueError, match=field):
             s.add_req(ids, params)
@@ -133,14 +156,19 @@ def test_pages_to_finish_at_page_boundaries():
                     needed = {p // page_size for p in range(req.max_len - 1)}
                     held = {p // page_size for p in range(req.cached_len)}
                     assert pages_to_finish(req, page_size) == len(needed - held), (
-                        page_size, prompt_len, max_tokens, req.cached_len)
+                        page_size,
+                        prompt_len,
+                        max_tokens,
+                        req.cached_len,
+                    )
 
 
 @pytest.mark.parametrize("cache_type", CACHES)
 @pytest.mark.parametrize("prompt_len, max_tokens", [(6, 7), (5, 5)])  # 12, 9 positions: 3 pages
 @pytest.mark.parametrize("spare", [0, -1])
-def test_two_requests_that_exactly_fill_the_pool_start_together(tiny_models, cache_type,
-                                                                prompt_len, max_tokens, spare):
+def test_two_requests_that_exactly_fill_the_pool_start_together(
+    tiny_models, cache_type, prompt_len, max_tokens, spare
+):
     """Each may take 3 pages of 4: a pool of 6 admits both at once, one of 5 only the first
     (the second waits for its pages and still finishes)."""
     path = tiny_models["llama3"]
@@ -167,6 +195,7 @@ def _run_alone(cache, req, row: int) -> list:
 
 def _cache_manager(num_pages: int, page_size: int, rows: int = 4):
     import torch
+
     from minisgl.kvcache import create_prefix_cache
     from minisgl.scheduler.cache import CacheManager
 
@@ -235,9 +264,10 @@ def _hf_generate_to_eos(path, prompts, n: int) -> list:
     out = []
     for prompt in prompts:
         ids = torch.tensor([encode(path, prompt)])
-        new = hf_model(path).generate(ids, attention_mask=torch.ones_like(ids),
-                                      max_new_tokens=n, do_sample=False)
-        out.append(new[0, ids.shape[1]:].tolist())
+        new = hf_model(path).generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+        )
+        out.append(new[0, ids.shape[1] :].tolist())
     return out
 
 
@@ -271,8 +301,12 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
     path = tiny_models["qwen3"]
     s = make(path)
     vocab_size = s.engine.model_config.vocab_size
-    bad = [([5, vocab_size], r"input_ids\[1\] is 450"), ([-1, 5], r"input_ids\[0\] is -1"),
-           ([5, True], r"input_ids\[1\] is True"), ([5, 7.0], r"input_ids\[1\] is 7.0")]
+    bad = [
+        ([5, vocab_size], r"input_ids\[1\] is 450"),
+        ([-1, 5], r"input_ids\[0\] is -1"),
+        ([5, True], r"input_ids\[1\] is True"),
+        ([5, 7.0], r"input_ids\[1\] is 7.0"),
+    ]
     for ids, message in bad:
         with pytest.raises(ValueError, match=message):
             s.add_req(ids, greedy(2))
@@ -287,6 +321,7 @@ def test_the_naive_cache_matches_keeps_and_evicts_nothing():
     """Chapter 7's prefix cache: no hit, nothing kept (so the caller frees every slot), nothing
     locked or evictable; ``evict(0)`` is a no-op and anything more an error."""
     import torch
+
     from minisgl.kvcache.naive_cache import NaivePrefixCache
 
     cache = NaivePrefixCache(page_size=4)

@@ -8,6 +8,7 @@ import torch
 from helpers import assert_pages_all_back, encode, hf_greedy
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+
 from minisgl.core import SamplingParams
 from minisgl.kvcache.radix_cache import RadixPrefixCache
 from minisgl.scheduler import Scheduler, SchedulerConfig
@@ -56,9 +57,14 @@ def test_a_split_in_the_middle_of_an_edge():
     assert handle.cached_len == 3 and handle.node.key == [1, 2, 3]
     assert [c.key for c in handle.node.children.values()] == [[4, 5, 6]]
     cache.insert_prefix([1, 2, 3, 7, 8], slots.take(5))
-    assert cache.format_tree() == "\n".join([
-        "(root)", "├── [1, 2, 3]  (3 tokens, ref 0)", "│   ├── [4, 5, 6]  (3 tokens, ref 0)",
-        "│   ├── [7, 8]  (2 tokens, ref 0)"])
+    assert cache.format_tree() == "\n".join(
+        [
+            "(root)",
+            "├── [1, 2, 3]  (3 tokens, ref 0)",
+            "│   ├── [4, 5, 6]  (3 tokens, ref 0)",
+            "│   ├── [7, 8]  (2 tokens, ref 0)",
+        ]
+    )
     assert cache.match_prefix([1, 2, 3, 7, 8]).get_matched_indices().tolist() == [0, 1, 2, 9, 10]
     cache.check_integrity()
 
@@ -142,9 +148,13 @@ def test_a_split_leaves_the_unused_tail_as_old_as_it_was():
     cache.check_integrity()
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["insert", "match", "lock", "unlock", "evict"]),
-                         st.lists(st.integers(0, 3), min_size=1, max_size=9)),
-               max_size=40)
+OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "match", "lock", "unlock", "evict"]),
+        st.lists(st.integers(0, 3), min_size=1, max_size=9),
+    ),
+    max_size=40,
+)
 
 Prefix = tuple  # a cached prefix of whole pages, token ids
 
@@ -217,20 +227,47 @@ class LiteralRadix:
 @settings(max_examples=150, deadline=None, derandomize=True)  # the same examples every run
 @given(ops=OPS, page_size=st.sampled_from([1, 2]))
 # The short sequences that matter, pinned: the generator is not bound to find them.
-@example(ops=[("insert", [1, 2, 3, 4]), ("lock", [1, 2]), ("insert", [3]), ("evict", [0])],
-         page_size=1)  # a locked parent left childless by an eviction stays
-@example(ops=[("insert", [1, 2, 3, 4]), ("lock", [1, 2, 0]), ("insert", [3, 3]),
-              ("evict", [0])], page_size=2)  # the same, in pages of 2
-@example(ops=[("insert", [1, 2, 3]), ("insert", [1, 2, 0]), ("insert", [3]), ("lock", [3]),
-              ("match", [1, 2, 3]), ("evict", [1]), ("evict", [1]), ("unlock", [0]),
-              ("evict", [1]), ("evict", [1])],
-         page_size=1)  # a match makes its whole path newer, the parent too
-@example(ops=[("insert", [1, 1]), ("insert", [2, 2]), ("match", [1, 1]), ("insert", [3, 3]),
-              ("evict", [2, 2]), ("evict", [2, 2])], page_size=1)  # a new leaf is the newest
-@example(ops=[("insert", [1, 2, 3, 3]), ("insert", [2, 2]), ("match", [1, 2, 0]),
-              ("evict", [1, 1])], page_size=2)  # a split's tail keeps its old last use
-@example(ops=[("insert", [1, 1, 1]), ("insert", [1, 1, 2]), ("insert", [3]),
-              ("evict", [1, 1, 1])], page_size=1)  # a parent left a leaf goes in the same call
+@example(
+    ops=[("insert", [1, 2, 3, 4]), ("lock", [1, 2]), ("insert", [3]), ("evict", [0])], page_size=1
+)  # a locked parent left childless by an eviction stays
+@example(
+    ops=[("insert", [1, 2, 3, 4]), ("lock", [1, 2, 0]), ("insert", [3, 3]), ("evict", [0])],
+    page_size=2,
+)  # the same, in pages of 2
+@example(
+    ops=[
+        ("insert", [1, 2, 3]),
+        ("insert", [1, 2, 0]),
+        ("insert", [3]),
+        ("lock", [3]),
+        ("match", [1, 2, 3]),
+        ("evict", [1]),
+        ("evict", [1]),
+        ("unlock", [0]),
+        ("evict", [1]),
+        ("evict", [1]),
+    ],
+    page_size=1,
+)  # a match makes its whole path newer, the parent too
+@example(
+    ops=[
+        ("insert", [1, 1]),
+        ("insert", [2, 2]),
+        ("match", [1, 1]),
+        ("insert", [3, 3]),
+        ("evict", [2, 2]),
+        ("evict", [2, 2]),
+    ],
+    page_size=1,
+)  # a new leaf is the newest
+@example(
+    ops=[("insert", [1, 2, 3, 3]), ("insert", [2, 2]), ("match", [1, 2, 0]), ("evict", [1, 1])],
+    page_size=2,
+)  # a split's tail keeps its old last use
+@example(
+    ops=[("insert", [1, 1, 1]), ("insert", [1, 1, 2]), ("insert", [3]), ("evict", [1, 1, 1])],
+    page_size=1,
+)  # a parent left a leaf goes in the same call
 def test_integrity_under_random_operations(ops, page_size):
     """Against a literal model: the cached prefixes, page by page, their pages' slots, and which
     slots eviction takes, least recently used first."""
@@ -278,8 +315,7 @@ QUESTIONS = ["Hello world", "The quick brown fox", "Once upon a time", "1 2 3"]
 
 
 def make(path, **options) -> Scheduler:
-    options = {"device": "cpu", "page_size": 4, "num_pages": 64, "max_running_req": 4,
-               **options}
+    options = {"device": "cpu", "page_size": 4, "num_pages": 64, "max_running_req": 4, **options}
     return Scheduler(SchedulerConfig(str(path), **options))
 
 
@@ -291,8 +327,15 @@ def greedy(n: int) -> SamplingParams:
 def test_the_scheduler_shares_prefixes_with_the_same_tokens(tiny_models, page_size):
     path = tiny_models["qwen2"]
     prompts = [SYSTEM + q for q in QUESTIONS]
-    s = Scheduler(SchedulerConfig(str(path), device="cpu", page_size=page_size,
-                                  num_pages=256 // page_size, max_running_req=4))
+    s = Scheduler(
+        SchedulerConfig(
+            str(path),
+            device="cpu",
+            page_size=page_size,
+            num_pages=256 // page_size,
+            max_running_req=4,
+        )
+    )
     params = SamplingParams(max_tokens=6, ignore_eos=True)
     first = s.add_req(encode(path, prompts[0]), params)
     s.run_until_idle()
@@ -310,8 +353,9 @@ def test_the_scheduler_shares_prefixes_with_the_same_tokens(tiny_models, page_si
 def test_eviction_under_memory_pressure_keeps_tokens_right(tiny_models):
     path = tiny_models["llama3"]
     prompts = [SYSTEM + q for q in QUESTIONS] + QUESTIONS
-    s = Scheduler(SchedulerConfig(str(path), device="cpu", page_size=2, num_pages=40,
-                                  max_running_req=3))
+    s = Scheduler(
+        SchedulerConfig(str(path), device="cpu", page_size=2, num_pages=40, max_running_req=3)
+    )
     params = SamplingParams(max_tokens=8, ignore_eos=True)
     reqs = [s.add_req(encode(path, p), params) for p in prompts]
     s.run_until_idle()
@@ -327,14 +371,23 @@ def test_the_same_prompt_twice_in_one_batch(tiny_models, page_size):
     """Both compute the prompt; the second to be cached finds it in the tree already, points
     its row at the tree's slots and gives its own pages back: none lost, none freed twice."""
     path = tiny_models["llama3"]
-    s = Scheduler(SchedulerConfig(str(path), device="cpu", page_size=page_size,
-                                  num_pages=256 // page_size, max_running_req=4))
+    s = Scheduler(
+        SchedulerConfig(
+            str(path),
+            device="cpu",
+            page_size=page_size,
+            num_pages=256 // page_size,
+            max_running_req=4,
+        )
+    )
     prompt = encode(path, SYSTEM)
     reqs = [s.add_req(prompt, SamplingParams(max_tokens=n, ignore_eos=True)) for n in (9, 5)]
     out = s.step()
     assert out is not None and out.extend_lens == [len(prompt)] * 2
-    rows = [s.engine.page_table[r.table_idx, : len(prompt) // page_size * page_size].tolist()
-            for r in reqs]
+    rows = [
+        s.engine.page_table[r.table_idx, : len(prompt) // page_size * page_size].tolist()
+        for r in reqs
+    ]
     assert rows[0] == rows[1]  # one copy of the prompt's pages, shared
     s.run_until_idle()
     ref = hf_greedy(path, [prompt], 9)[0]
@@ -395,7 +448,9 @@ def test_a_request_refused_for_pages_unlocks_its_prefix(tiny_models):
     assert info.protected_size == 16 and info.evictable_size == 8  # big's prompt; shared's
     s.run_until_idle()
     assert [big.output_ids, late.output_ids] == [
-        hf_greedy(path, [big.input_ids], 9)[0], hf_greedy(path, [late.input_ids], 6)[0]]
+        hf_greedy(path, [big.input_ids], 9)[0],
+        hf_greedy(path, [late.input_ids], 6)[0],
+    ]
     assert_pages_all_back(s)
 
 
@@ -412,22 +467,32 @@ def _corrupt_node(**fields):
     def corrupt(cache, nodes):
         for name, value in fields.items():
             setattr(nodes["leaf"], name, value)
+
     return corrupt
 
 
-@pytest.mark.parametrize("corrupt, message", [
-    (_corrupt_node(key=[], value=torch.empty(0, dtype=torch.int32)), "holds 0 tokens"),
-    (_corrupt_node(key=[3, 4, 9], value=torch.tensor([2, 3, 9], dtype=torch.int32)),
-     "holds 3 tokens"),  # part of a page
-    (_corrupt_node(key=[3, 4, 9, 9], value=torch.tensor([2, 3], dtype=torch.int32)),
-     "holds 4 tokens, 2 slots"),
-    (_corrupt_node(key=[7, 7]), "not filed under its first page"),
-    (_corrupt_node(ref_count=-1), "reference counts"),
-    (_corrupt_node(ref_count=1), "reference counts"),  # more than its parent holds
-    (lambda cache, nodes: setattr(cache, "evictable_size", 7), r"sizes \(7, 0\)"),
-    (lambda cache, nodes: setattr(nodes["other"], "value", nodes["leaf"].value),
-     "held by two nodes"),
-])
+@pytest.mark.parametrize(
+    "corrupt, message",
+    [
+        (_corrupt_node(key=[], value=torch.empty(0, dtype=torch.int32)), "holds 0 tokens"),
+        (
+            _corrupt_node(key=[3, 4, 9], value=torch.tensor([2, 3, 9], dtype=torch.int32)),
+            "holds 3 tokens",
+        ),  # part of a page
+        (
+            _corrupt_node(key=[3, 4, 9, 9], value=torch.tensor([2, 3], dtype=torch.int32)),
+            "holds 4 tokens, 2 slots",
+        ),
+        (_corrupt_node(key=[7, 7]), "not filed under its first page"),
+        (_corrupt_node(ref_count=-1), "reference counts"),
+        (_corrupt_node(ref_count=1), "reference counts"),  # more than its parent holds
+        (lambda cache, nodes: setattr(cache, "evictable_size", 7), r"sizes \(7, 0\)"),
+        (
+            lambda cache, nodes: setattr(nodes["other"], "value", nodes["leaf"].value),
+            "held by two nodes",
+        ),
+    ],
+)
 def test_check_integrity_names_each_kind_of_broken_tree(corrupt, message):
     """The property test and the scheduler trust check_integrity: each of its checks fires,
     with its own message, on a tree broken in just that way (and not on the tree before)."""

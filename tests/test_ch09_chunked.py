@@ -7,6 +7,7 @@ import os
 
 import pytest
 from helpers import assert_pages_all_back, encode, hf_greedy
+
 from minisgl.core import SamplingParams
 from minisgl.scheduler import Scheduler, SchedulerConfig
 
@@ -15,8 +16,7 @@ OTHERS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "1 2 3"
 
 
 def make(path, **options) -> Scheduler:
-    options = {"device": "cpu", "page_size": 4, "num_pages": 128, "max_running_req": 4,
-               **options}
+    options = {"device": "cpu", "page_size": 4, "num_pages": 128, "max_running_req": 4, **options}
     return Scheduler(SchedulerConfig(str(path), **options))
 
 
@@ -70,8 +70,7 @@ def test_chunks_after_a_prefix_hit_and_requests_arriving_meanwhile(tiny_models):
     assert common >= 2  # the second prompt starts as the first did
     hit = common // 2 * 2  # the cache matches whole pages of 2 tokens
     assert reqs[0].cached_len == hit + 5  # the cached prefix, then the first chunk
-    reqs.append(s.add_req(encode(path, OTHERS[1]), SamplingParams(max_tokens=4,
-                                                                    ignore_eos=True)))
+    reqs.append(s.add_req(encode(path, OTHERS[1]), SamplingParams(max_tokens=4, ignore_eos=True)))
     s.run_until_idle()
     assert [r.output_ids for r in reqs] == hf_greedy(path, [second, encode(path, OTHERS[1])], 4)
     assert_pages_all_back(s)
@@ -100,8 +99,9 @@ def test_a_budget_used_up_exactly_leaves_the_next_request_out(tiny_models, cache
 
 @pytest.mark.parametrize("cache_type", ["naive", "radix"])
 @pytest.mark.parametrize("num_pages, admitted", [(7, True), (6, False)])
-def test_a_prompt_halfway_through_its_chunks_keeps_its_pages_reserved(tiny_models, cache_type,
-                                                                     num_pages, admitted):
+def test_a_prompt_halfway_through_its_chunks_keeps_its_pages_reserved(
+    tiny_models, cache_type, num_pages, admitted
+):
     """Pages of 4, a budget of 8. The long prompt (18 tokens, 3 to generate: 20 positions, 5
     pages) runs in chunks of 8, 8 and 2; before its last chunk it holds 4 pages and may still
     take 1, counted once. The short one (4 tokens and 5 to generate: 2 pages) comes in beside
@@ -115,6 +115,8 @@ def test_a_prompt_halfway_through_its_chunks_keeps_its_pages_reserved(tiny_model
     assert [out.extend_lens[0] for out in steps] == [8, 8, 2]
     assert steps[2].uids == ([long.uid, short.uid] if admitted else [long.uid])
     s.run_until_idle()
-    assert [long.output_ids, short.output_ids] == [hf_greedy(path, [prompts[0]], 3)[0],
-                                                   hf_greedy(path, [prompts[1]], 5)[0]]
+    assert [long.output_ids, short.output_ids] == [
+        hf_greedy(path, [prompts[0]], 3)[0],
+        hf_greedy(path, [prompts[1]], 5)[0],
+    ]
     assert_pages_all_back(s)

@@ -11,12 +11,19 @@ import numpy as np
 import pytest
 import torch
 from helpers import DENSE, build_llm, encode, greedy, hf_greedy, hf_model, hf_tokenizer
-from minisgl.core import SamplingParams
-from minisgl.llm import LLM
 from safetensors.torch import load_file, save_file
 
-PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
-           "1 2 3 4 5 6 7 8 9 10.", "def add(a, b): return a + b", "A"]
+from minisgl.core import SamplingParams
+from minisgl.llm import LLM
+
+PROMPTS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time",
+    "1 2 3 4 5 6 7 8 9 10.",
+    "def add(a, b): return a + b",
+    "A",
+]
 
 
 @pytest.mark.parametrize("family", DENSE)
@@ -38,16 +45,18 @@ def test_one_sampling_params_per_prompt(tiny_models):
     out = llm.generate(PROMPTS[:3], [greedy(2), greedy(7), greedy(4)])
     assert [len(o["token_ids"]) for o in out] == [2, 7, 4]
     assert [o["token_ids"] for o in out] == [
-        r[:n] for r, n in zip(hf_greedy(path, PROMPTS[:3], 7), [2, 7, 4])]
+        r[:n] for r, n in zip(hf_greedy(path, PROMPTS[:3], 7), [2, 7, 4])
+    ]
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate(PROMPTS[:3], [greedy(2)])
 
 
 def test_seeded_sampling_is_reproducible(tiny_models):
     path = tiny_models["llama3"]
-    params = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True),
-              SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=12,
-                             ignore_eos=True)]
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.9, max_tokens=12, ignore_eos=True),
+    ]
     runs = []
     for seed in (7, 7, 8):
         llm = LLM(str(path), device="cpu", page_size=4, num_pages=128, seed=seed)
@@ -62,8 +71,12 @@ def test_bad_requests_are_refused_and_the_llm_keeps_serving(tiny_models):
     zero, cold = greedy(3), greedy(3)
     zero.max_tokens, cold.temperature = 0, -1.0  # changed after construction, past its checks
     too_long = " ".join(PROMPTS * 4)
-    cases = [([""], greedy(3), "prompt"), ([too_long], greedy(3), "max_seq_len"),
-             (["Hello"], zero, "max_tokens"), (["Hello"], cold, "temperature")]
+    cases = [
+        ([""], greedy(3), "prompt"),
+        ([too_long], greedy(3), "max_seq_len"),
+        (["Hello"], zero, "max_tokens"),
+        (["Hello"], cold, "temperature"),
+    ]
     for prompts, params, field in cases:  # two good requests, then the bad one
         with pytest.raises(ValueError, match=f"request 2: .*{field}"):
             llm.generate(PROMPTS[:2] + prompts, [greedy(3), greedy(3), params])
@@ -88,8 +101,12 @@ def test_token_ids_outside_the_vocabulary_are_refused(tiny_models):
     path = tiny_models["qwen2"]
     llm = build_llm(path)
     vocab_size = llm.scheduler.engine.model_config.vocab_size
-    bad = [([5, vocab_size], r"input_ids\[1\] is 450"), ([-1], r"input_ids\[0\] is -1"),
-           ([True, 5], r"input_ids\[0\] is True"), ([5, 7.9], r"input_ids\[1\] is 7.9")]
+    bad = [
+        ([5, vocab_size], r"input_ids\[1\] is 450"),
+        ([-1], r"input_ids\[0\] is -1"),
+        ([True, 5], r"input_ids\[0\] is True"),
+        ([5, 7.9], r"input_ids\[1\] is 7.9"),
+    ]
     for ids, message in bad:  # two good requests, then the bad one
         with pytest.raises(ValueError, match=f"request 2: {message}"):
             llm.generate(PROMPTS[:2] + [ids], greedy(3))
@@ -124,8 +141,9 @@ def _copy_model(src, dst, emit_im_end_for: int | None = None, **generation_confi
 def test_special_tokens_are_left_out_of_the_text(tiny_models, tmp_path, family):
     """Not only when a family happens to emit one: here every family emits <|im_end|> mid-way."""
     original = tiny_models[family]
-    path = _copy_model(original, tmp_path / family,
-                       emit_im_end_for=hf_greedy(original, PROMPTS[:1], 4)[0][3])
+    path = _copy_model(
+        original, tmp_path / family, emit_im_end_for=hf_greedy(original, PROMPTS[:1], 4)[0][3]
+    )
     ref = hf_greedy(path, PROMPTS[:1], 10)[0]
     assert ref[3] == IM_END and ref.count(IM_END) == 1  # the copy emits it, once
     llm = build_llm(path)
@@ -142,8 +160,12 @@ def test_generation_config_eos_ends_requests_and_leaves_the_text(tiny_models, tm
     original = tiny_models["llama3"]
     prompts = PROMPTS[:2]
     ordinary = hf_greedy(original, prompts, 5)[1][4]  # request 1's 5th token
-    path = _copy_model(original, tmp_path / "llama3", eos_token_id=[IM_END, ordinary],
-                       emit_im_end_for=hf_greedy(original, prompts, 4)[0][3])
+    path = _copy_model(
+        original,
+        tmp_path / "llama3",
+        eos_token_id=[IM_END, ordinary],
+        emit_im_end_for=hf_greedy(original, prompts, 4)[0][3],
+    )
     ref = hf_greedy(path, prompts, 10)
     assert ref[0].index(IM_END) == 3 and ordinary not in ref[0][:3]
     assert ref[1].index(ordinary) == 4 and IM_END not in ref[1][:4]
@@ -175,25 +197,27 @@ def test_an_eos_that_an_ignoring_request_ends_on_stays_in_the_text(tiny_models, 
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
     [{"role": "user", "content": "Write a haiku about the sea."}],
-    [{"role": "system", "content": "You answer in one short sentence."},
-     {"role": "user", "content": "What does a GPU do?"},
-     {"role": "assistant", "content": "It runs many small computations at once."},
-     {"role": "user", "content": "And a CPU?"}],
+    [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "What does a GPU do?"},
+        {"role": "assistant", "content": "It runs many small computations at once."},
+        {"role": "user", "content": "And a CPU?"},
+    ],
 ]
 
 
 def _chat_ids(path, messages):
-    return hf_tokenizer(path).apply_chat_template(messages, add_generation_prompt=True)[
-        "input_ids"]
+    return hf_tokenizer(path).apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
 
 
 @torch.inference_mode()
 def _hf_reply(path, prompt_ids, n):
     """transformers' greedy reply: up to ``n`` tokens, ending at its EOS if one comes first."""
     ids = torch.tensor([prompt_ids])
-    out = hf_model(path).generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                  do_sample=False)
-    return out[0, ids.shape[1]:].tolist()
+    out = hf_model(path).generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 def test_a_real_model_replies_as_transformers(real_model):
@@ -221,5 +245,5 @@ def test_a_real_models_reply_ends_at_the_eos_of_its_generation_config(real_model
     llm.shutdown()
     ids = stopped["token_ids"]
     assert len(ids) < 32 and ids[-1] == eos and eos not in ids[:-1]
-    assert ignoring["token_ids"][:len(ids)] == ids and len(ignoring["token_ids"]) == len(ids) + 4
+    assert ignoring["token_ids"][: len(ids)] == ids and len(ignoring["token_ids"]) == len(ids) + 4
     assert "<|im_end|>" not in stopped["text"] and "Paris" in stopped["text"]

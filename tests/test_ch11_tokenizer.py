@@ -11,8 +11,9 @@ import pytest
 from helpers import ROOT, build_llm, greedy, hf_tokenizer
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from minisgl.tokenizer import DecodeState, apply_chat_template, detokenize, tokenize_request
 from tiny_models import BYTES_VOCAB_SIZE, MULTIBYTE_TEXT
+
+from minisgl.tokenizer import DecodeState, apply_chat_template, detokenize, tokenize_request
 
 SPECIAL_IDS = (0, 1, 2)  # <|endoftext|>, <|im_start|>, <|im_end|>
 
@@ -61,7 +62,7 @@ def chunked(ids, sizes):
     chunks, i = [], 0
     while i < len(ids):
         n = sizes[len(chunks) % len(sizes)]
-        chunks.append(ids[i:i + n])
+        chunks.append(ids[i : i + n])
         i += n
     return chunks or [[]]
 
@@ -82,8 +83,11 @@ def test_streamed_pieces_join_to_decode_of_all_ids(tok, ids, sizes, skip):
         assert whole.startswith(so_far)
 
 
-multibyte_ids = st.builds(lambda start, length: MULTIBYTE_TEXT[start:start + length],
-                          st.integers(0, len(MULTIBYTE_TEXT) - 1), st.integers(1, 40))
+multibyte_ids = st.builds(
+    lambda start, length: MULTIBYTE_TEXT[start : start + length],
+    st.integers(0, len(MULTIBYTE_TEXT) - 1),
+    st.integers(1, 40),
+)
 
 
 @settings(max_examples=150, deadline=None, derandomize=True)
@@ -124,11 +128,15 @@ def test_a_batch_of_requests_each_gets_its_own_text(tok):
     states = [DecodeState(skip_special_tokens=i % 2 == 0) for i in range(len(texts))]
     pieces = [[] for _ in texts]
     for step in range(max(map(len, ids))):
-        new = [one[step:step + 1] for one in ids]
+        new = [one[step : step + 1] for one in ids]
         finished = [step == len(one) - 1 for one in ids]
         active = [i for i, one in enumerate(ids) if step < len(one)]
-        out = detokenize(tok, [states[i] for i in active], [new[i] for i in active],
-                         [finished[i] for i in active])
+        out = detokenize(
+            tok,
+            [states[i] for i in active],
+            [new[i] for i in active],
+            [finished[i] for i in active],
+        )
         for i, piece in zip(active, out):
             pieces[i].append(piece)
     for i, text in enumerate(texts):
@@ -185,15 +193,17 @@ def test_after_a_stop_string_nothing_more_is_sent(tok):
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
-@given(text=st.text(alphabet="ab 很好😀é", max_size=24),
-       stops=st.lists(st.text(alphabet="ab 很好😀é", min_size=1, max_size=4), max_size=3),
-       sizes=chunk_sizes)
+@given(
+    text=st.text(alphabet="ab 很好😀é", max_size=24),
+    stops=st.lists(st.text(alphabet="ab 很好😀é", min_size=1, max_size=4), max_size=3),
+    sizes=chunk_sizes,
+)
 def test_stop_strings_cut_as_a_search_of_the_whole_text(tok, text, stops, sizes):
     ids = tok.encode(text)
     whole = tok.decode(ids)
     hits = [whole.find(s) for s in stops if s in whole]
     pieces, state = stream(tok, chunked(ids, sizes), stop=stops)
-    assert "".join(pieces) == whole[:min(hits, default=len(whole))]
+    assert "".join(pieces) == whole[: min(hits, default=len(whole))]
     assert state.finish_reason == ("stop" if hits else None)
 
 
@@ -223,8 +233,12 @@ def test_the_llm_reply_streamed_equals_its_text(tiny_models, tok):
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Say hello in French."}],
-    [{"role": "system", "content": "Answer in Chinese."}, {"role": "user", "content": "你好"},
-     {"role": "assistant", "content": "你好！"}, {"role": "user", "content": "Café? 😀"}],
+    [
+        {"role": "system", "content": "Answer in Chinese."},
+        {"role": "user", "content": "你好"},
+        {"role": "assistant", "content": "你好！"},
+        {"role": "user", "content": "Café? 😀"},
+    ],
 ]
 
 
@@ -250,7 +264,8 @@ def test_a_template_with_its_own_bos_gets_it_once(tiny_models):
 
     tok = AutoTokenizer.from_pretrained(tiny_models["qwen2bytes"])
     tok.backend_tokenizer.post_processor = TemplateProcessing(
-        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)])
+        single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", 0)]
+    )
     tok.chat_template = "<|endoftext|>" + tok.chat_template
     messages = CONVERSATIONS[0]
     assert tok.encode("Hi")[0] == 0  # the tokenizer adds it
@@ -266,19 +281,22 @@ def test_prompts_as_text_or_token_ids(tok):
     assert tokenize_request(tok, prompt=[5, 7, 500]) == [5, 7, 500]
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({}, ValueError, "exactly one of prompt and messages"),
-    ({"prompt": "Hi", "messages": CONVERSATIONS[0]}, ValueError, "exactly one"),
-    ({"prompt": [1, True]}, ValueError, r"ids\[1\] is True"),
-    ({"prompt": [1, 2.0]}, ValueError, r"ids\[1\] is 2.0"),
-    ({"prompt": [-1]}, ValueError, r"ids\[0\] is -1: a token id is >= 0"),
-    ({"prompt": 5}, TypeError, "list of ints, got int"),
-    ({"messages": []}, ValueError, "non-empty list"),
-    ({"messages": "Hi"}, ValueError, "non-empty list"),
-    ({"messages": ["Hi"]}, ValueError, r"messages\[0\] must be a dict"),
-    ({"messages": [{"role": "user"}]}, ValueError, r"messages\[0\]\['content'\] must be a str"),
-    ({"messages": [{"role": 1, "content": "Hi"}]}, ValueError, r"\['role'\] must be a str"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({}, ValueError, "exactly one of prompt and messages"),
+        ({"prompt": "Hi", "messages": CONVERSATIONS[0]}, ValueError, "exactly one"),
+        ({"prompt": [1, True]}, ValueError, r"ids\[1\] is True"),
+        ({"prompt": [1, 2.0]}, ValueError, r"ids\[1\] is 2.0"),
+        ({"prompt": [-1]}, ValueError, r"ids\[0\] is -1: a token id is >= 0"),
+        ({"prompt": 5}, TypeError, "list of ints, got int"),
+        ({"messages": []}, ValueError, "non-empty list"),
+        ({"messages": "Hi"}, ValueError, "non-empty list"),
+        ({"messages": ["Hi"]}, ValueError, r"messages\[0\] must be a dict"),
+        ({"messages": [{"role": "user"}]}, ValueError, r"messages\[0\]\['content'\] must be a str"),
+        ({"messages": [{"role": 1, "content": "Hi"}]}, ValueError, r"\['role'\] must be a str"),
+    ],
+)
 def test_bad_requests_are_refused_by_name(tok, kwargs, error, message):
     with pytest.raises(error, match=message):
         tokenize_request(tok, **kwargs)
@@ -305,12 +323,19 @@ def test_bad_detokenize_input(tok):
 
 
 def test_the_tokenizer_imports_no_server_package():
-    code = ("import sys, minisgl.tokenizer\n"
-            "print(sorted(m for m in ('fastapi', 'uvicorn', 'zmq', 'openai', 'msgpack') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, minisgl.tokenizer\n"
+        "print(sorted(m for m in ('fastapi', 'uvicorn', 'zmq', 'openai', 'msgpack') "
+        "if m in sys.modules))"
+    )
     env_path = str(ROOT / "python")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={"PYTHONPATH": env_path, "PATH": ""})
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": env_path, "PATH": ""},
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
 

@@ -31,6 +31,7 @@ from helpers import (
     hf_greedy,
     modules_imported,
 )
+
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortBackendMsg,
@@ -53,20 +54,26 @@ from minisgl.tokenizer.server import TokenizerServer, tokenizer_worker
 from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 
 OPTIONS = dict(device="cpu", page_size=4, num_pages=256, max_running_req=8)
-PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "Once upon a time",
-           "1 2 3 4 5"]
+PROMPTS = [
+    "Hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time",
+    "1 2 3 4 5",
+]
 TIMEOUT = 30.0  # seconds a reply or a process's end may take (a start: START_TIMEOUT)
 
 
 # ---- messages --------------------------------------------------------------------------------
+
 
 def _same(a, b) -> bool:
     """Equal, field by field; tensors equal in dtype, shape and values."""
     if isinstance(a, torch.Tensor):
         return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
     if hasattr(a, "__dataclass_fields__"):
-        return type(a) is type(b) and all(_same(getattr(a, f), getattr(b, f))
-                                          for f in a.__dataclass_fields__)
+        return type(a) is type(b) and all(
+            _same(getattr(a, f), getattr(b, f)) for f in a.__dataclass_fields__
+        )
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     if isinstance(a, dict):
@@ -81,14 +88,16 @@ def _round_trip(msg, base):
 
 
 SAMPLED = SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_tokens=5, ignore_eos=True)
-TENSORS = [torch.tensor([1, 2, 3], dtype=torch.int32),
-           torch.tensor([-1, 2**40], dtype=torch.int64),
-           torch.tensor([0.5, -1e-30, float("inf")]),
-           torch.tensor([1.5, -2.25], dtype=torch.bfloat16),
-           torch.tensor([0.1, 65504.0], dtype=torch.float16),
-           torch.tensor([True, False]),
-           torch.tensor([0, 255], dtype=torch.uint8),
-           torch.empty(0, dtype=torch.int32)]
+TENSORS = [
+    torch.tensor([1, 2, 3], dtype=torch.int32),
+    torch.tensor([-1, 2**40], dtype=torch.int64),
+    torch.tensor([0.5, -1e-30, float("inf")]),
+    torch.tensor([1.5, -2.25], dtype=torch.bfloat16),
+    torch.tensor([0.1, 65504.0], dtype=torch.float16),
+    torch.tensor([True, False]),
+    torch.tensor([0, 255], dtype=torch.uint8),
+    torch.empty(0, dtype=torch.int32),
+]
 
 
 @pytest.mark.parametrize("ids", TENSORS, ids=lambda t: str(t.dtype))
@@ -98,22 +107,37 @@ def test_user_msg_round_trips_tensors_of_every_dtype(ids):
     assert _same(back, msg) and back.input_ids.is_contiguous()
 
 
-BACKEND = [AbortBackendMsg(9), ExitMsg(), UserMsg(0, TENSORS[0], SamplingParams()),
-           BatchBackendMsg([UserMsg(1, TENSORS[1], SAMPLED), AbortBackendMsg(1), ExitMsg()])]
-TOKENIZER = [TokenizeMsg(0, "Héllo 你好 😀", SAMPLED),
-             TokenizeMsg(1, [5, 6, 7], greedy(3), stop=["\n", "."]),
-             TokenizeMsg(2, [{"role": "user", "content": "Hi"}], SamplingParams()),
-             DetokenizeMsg(4, 17, False), DetokenizeMsg(4, 2, True, "stop"),
-             DetokenizeMsg(5, -1, True, "error", "the prompt is empty"), AbortMsg(6), ExitMsg(),
-             BatchTokenizerMsg([DetokenizeMsg(1, 3, False), AbortMsg(2)])]
-FRONTEND = [UserReply(0, "wörld 😀", False, token_ids=[3, 4], num_prompt_tokens=5),
-            UserReply(1, "", True, "error", error="bad"),
-            BatchFrontendMsg([UserReply(2, "a", False), UserReply(2, "b", True, "length", [9])])]
+BACKEND = [
+    AbortBackendMsg(9),
+    ExitMsg(),
+    UserMsg(0, TENSORS[0], SamplingParams()),
+    BatchBackendMsg([UserMsg(1, TENSORS[1], SAMPLED), AbortBackendMsg(1), ExitMsg()]),
+]
+TOKENIZER = [
+    TokenizeMsg(0, "Héllo 你好 😀", SAMPLED),
+    TokenizeMsg(1, [5, 6, 7], greedy(3), stop=["\n", "."]),
+    TokenizeMsg(2, [{"role": "user", "content": "Hi"}], SamplingParams()),
+    DetokenizeMsg(4, 17, False),
+    DetokenizeMsg(4, 2, True, "stop"),
+    DetokenizeMsg(5, -1, True, "error", "the prompt is empty"),
+    AbortMsg(6),
+    ExitMsg(),
+    BatchTokenizerMsg([DetokenizeMsg(1, 3, False), AbortMsg(2)]),
+]
+FRONTEND = [
+    UserReply(0, "wörld 😀", False, token_ids=[3, 4], num_prompt_tokens=5),
+    UserReply(1, "", True, "error", error="bad"),
+    BatchFrontendMsg([UserReply(2, "a", False), UserReply(2, "b", True, "length", [9])]),
+]
 
 
-@pytest.mark.parametrize("base, msg", [(BaseBackendMsg, m) for m in BACKEND]
-                         + [(BaseTokenizerMsg, m) for m in TOKENIZER]
-                         + [(BaseFrontendMsg, m) for m in FRONTEND], ids=repr)
+@pytest.mark.parametrize(
+    "base, msg",
+    [(BaseBackendMsg, m) for m in BACKEND]
+    + [(BaseTokenizerMsg, m) for m in TOKENIZER]
+    + [(BaseFrontendMsg, m) for m in FRONTEND],
+    ids=repr,
+)
 def test_every_message_type_round_trips(base, msg):
     assert _same(_round_trip(msg, base), msg)
 
@@ -130,10 +154,19 @@ def test_messages_refuse_what_they_cannot_carry():
 
 # ---- the scheduler's loop and the tokenizer server, in this process ----------------------------
 
+
 def test_abort_frees_the_pages_of_waiting_prefilling_and_decoding_requests(tiny_models):
     path = tiny_models["llama3"]
-    s = Scheduler(SchedulerConfig(str(path), device="cpu", page_size=4, num_pages=64,
-                                  max_running_req=2, max_extend_tokens=6))
+    s = Scheduler(
+        SchedulerConfig(
+            str(path),
+            device="cpu",
+            page_size=4,
+            num_pages=64,
+            max_running_req=2,
+            max_extend_tokens=6,
+        )
+    )
     loop = SchedulerLoop(s)
     long = list(range(20, 40))  # 20 tokens: chunks of at most 6
     for uid, ids in enumerate([[5, 6, 7], long, [8, 9, 10, 11]]):
@@ -152,7 +185,7 @@ def test_abort_frees_the_pages_of_waiting_prefilling_and_decoding_requests(tiny_
     # the pool serves the next request correctly, its pages back afterwards
     loop.handle(UserMsg(7, torch.tensor([5, 6, 7], dtype=torch.int32), greedy(4)))
     msgs = []
-    while (step := loop.step()):
+    while step := loop.step():
         msgs += step
     assert [m.next_token for m in msgs] == hf_greedy(path, [[5, 6, 7]], 4)[0]
     assert [(m.uid, m.finished, m.finish_reason) for m in msgs][-1] == (7, True, "length")
@@ -172,9 +205,13 @@ def test_tokenizer_server_stop_string_eos_and_late_tokens(tiny_models):
     llm = build_llm(tiny_models["qwen3"])
     ref = llm.generate(["Hello world"], greedy(10))[0]  # 'Everyearageion lazyion lazy...'
     server = TokenizerServer(llm.tokenizer)
-    to_backend, replies = server.handle([TokenizeMsg(0, "Hello world", greedy(10), ["lazy"]),
-                                         TokenizeMsg(1, "Hello world", greedy(10)),
-                                         TokenizeMsg(2, [], greedy(10))])
+    to_backend, replies = server.handle(
+        [
+            TokenizeMsg(0, "Hello world", greedy(10), ["lazy"]),
+            TokenizeMsg(1, "Hello world", greedy(10)),
+            TokenizeMsg(2, [], greedy(10)),
+        ]
+    )
     assert [type(m).__name__ for m in to_backend] == ["UserMsg"] * 3
     assert to_backend[0].input_ids.dtype == torch.int32
     assert to_backend[0].input_ids.tolist() == ref["prompt_token_ids"]
@@ -183,8 +220,10 @@ def test_tokenizer_server_stop_string_eos_and_late_tokens(tiny_models):
     pieces = {0: [], 1: []}
     for i, token in enumerate(ref["token_ids"]):
         last = i == len(ref["token_ids"]) - 1  # request 1 ends at this token, as at an EOS
-        msgs = [DetokenizeMsg(0, token, last),
-                DetokenizeMsg(1, token, last, "stop" if last else "")]
+        msgs = [
+            DetokenizeMsg(0, token, last),
+            DetokenizeMsg(1, token, last, "stop" if last else ""),
+        ]
         to_backend, replies = server.handle(msgs)
         for reply in replies:
             pieces[reply.uid].append(reply)
@@ -207,14 +246,24 @@ def test_tokenizer_server_stop_string_eos_and_late_tokens(tiny_models):
 
 # ---- real processes --------------------------------------------------------------------------
 
+
 def _start(workers: Workers, path, **options) -> ZmqPullQueue:
     recv = ZmqPullQueue(workers.addr("frontend"), create=True, decoder=BaseFrontendMsg.decoder)
-    workers.start("scheduler", run_scheduler, config=SchedulerConfig(str(path), **options),
-                  backend_addr=workers.addr("scheduler"),
-                  detokenizer_addr=workers.addr("tokenizer"))
-    workers.start("tokenizer", tokenizer_worker, model_path=str(path),
-                  inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
-                  frontend_addr=workers.addr("frontend"))
+    workers.start(
+        "scheduler",
+        run_scheduler,
+        config=SchedulerConfig(str(path), **options),
+        backend_addr=workers.addr("scheduler"),
+        detokenizer_addr=workers.addr("tokenizer"),
+    )
+    workers.start(
+        "tokenizer",
+        tokenizer_worker,
+        model_path=str(path),
+        inbox_addr=workers.addr("tokenizer"),
+        backend_addr=workers.addr("scheduler"),
+        frontend_addr=workers.addr("frontend"),
+    )
     workers.wait_ready(timeout=START_TIMEOUT)
     return recv
 
@@ -239,8 +288,9 @@ def served(tiny_models):
     path = tiny_models["qwen3"]
     with Workers() as workers:
         recv = _start(workers, path, **OPTIONS)
-        send = ZmqPushQueue(workers.addr("tokenizer"), create=False,
-                            encoder=BaseTokenizerMsg.encoder)
+        send = ZmqPushQueue(
+            workers.addr("tokenizer"), create=False, encoder=BaseTokenizerMsg.encoder
+        )
         try:
             yield path, workers, send, recv
             workers.stop(send_exit=lambda: send.put(ExitMsg()), grace=TIMEOUT)
@@ -254,8 +304,11 @@ def served(tiny_models):
 def test_greedy_replies_through_the_processes_equal_llm_generate(served):
     path, workers, send, recv = served
     params = [greedy(10), greedy(3), SamplingParams(max_tokens=7), greedy(12)]
-    send.put(BatchTokenizerMsg([TokenizeMsg(10 + i, p, s) for i, (p, s) in
-                                enumerate(zip(PROMPTS, params))]))
+    send.put(
+        BatchTokenizerMsg(
+            [TokenizeMsg(10 + i, p, s) for i, (p, s) in enumerate(zip(PROMPTS, params))]
+        )
+    )
     replies = _collect(workers, recv, range(10, 14))
     ref = build_llm(path).generate(PROMPTS, params)
     for i, out in enumerate(ref):
@@ -269,10 +322,17 @@ def test_greedy_replies_through_the_processes_equal_llm_generate(served):
 
 def test_errors_aborts_and_stop_strings_through_the_processes(served):
     path, workers, send, recv = served
-    send.put(BatchTokenizerMsg([TokenizeMsg(20, "", greedy(3)),
-                                TokenizeMsg(21, [{"role": "user"}], greedy(3)),
-                                TokenizeMsg(22, PROMPTS[0], greedy(200)), AbortMsg(22),
-                                TokenizeMsg(23, PROMPTS[0], greedy(10), stop=["lazy"])]))
+    send.put(
+        BatchTokenizerMsg(
+            [
+                TokenizeMsg(20, "", greedy(3)),
+                TokenizeMsg(21, [{"role": "user"}], greedy(3)),
+                TokenizeMsg(22, PROMPTS[0], greedy(200)),
+                AbortMsg(22),
+                TokenizeMsg(23, PROMPTS[0], greedy(10), stop=["lazy"]),
+            ]
+        )
+    )
     send.put(TokenizeMsg(24, PROMPTS[2], greedy(2)))  # served after the abort, correctly
     replies = _collect(workers, recv, [20, 21, 23, 24])
     assert "prompt is empty" in replies[20][-1].error  # the scheduler's check
@@ -344,8 +404,11 @@ def serving_mains(tiny_models, tmp_path_factory):
     each test waits only for its own."""
     folder = tmp_path_factory.mktemp("mains")
     script = folder / "serve.py"
-    script.write_text(SIGTERM_MAIN.format(python=str(ROOT / "python"), timeout=START_TIMEOUT,
-                                          path=str(tiny_models["mistral"])))
+    script.write_text(
+        SIGTERM_MAIN.format(
+            python=str(ROOT / "python"), timeout=START_TIMEOUT, path=str(tiny_models["mistral"])
+        )
+    )
     mains = {how: Main(folder / f"{how}.log", script) for how in ("SIGTERM", "SIGKILL")}
     yield mains
     for main in mains.values():  # a test that failed before its signal leaves its main running
@@ -361,8 +424,13 @@ class Main:
     def __init__(self, log: Path, script: Path):
         self.log = log
         with open(log, "w") as err:
-            self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=err, text=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, str(script)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
 
     def serving(self) -> tuple[str, list[int]]:
         """The socket directory and the workers' pids, once the main says it serves."""
@@ -404,8 +472,9 @@ def test_a_queue_left_open_by_a_failure_is_closed_when_collected(tmp_path):
     script = tmp_path / "cycle.py"
     script.write_text(CYCLE_MAIN.format(python=str(ROOT / "python"), path=str(tmp_path / "q")))
     try:
-        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
-                             timeout=START_TIMEOUT)
+        out = subprocess.run(
+            [sys.executable, str(script)], capture_output=True, text=True, timeout=START_TIMEOUT
+        )
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"the collector hung on the open queue: {e.stdout!r}")
     assert out.returncode == 0, out.stderr

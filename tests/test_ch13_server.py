@@ -32,6 +32,7 @@ import openai
 import tiny_models as tm
 import torch
 from helpers import ROOT, START_TIMEOUT, modules_imported
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.tokenizer import tokenize_request
@@ -39,8 +40,16 @@ from minisgl.tokenizer import tokenize_request
 KEY = "sk-ch13-test"
 PAGES = 2048  # 8192 tokens: more than the module's tests write, so nothing is ever evicted
 OPTIONS = dict(device="cpu", page_size=4, num_pages=PAGES, max_running_req=16)
-FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", str(PAGES),
-         "--max-running-requests", "16"]
+FLAGS = [
+    "--device",
+    "cpu",
+    "--page-size",
+    "4",
+    "--num-pages",
+    str(PAGES),
+    "--max-running-requests",
+    "16",
+]
 PROMPTS = ["Hello world", "Once upon a time", [5, 17, 260, 300, 41], tm.MULTIBYTE_TEXT[:40]]
 CHAT = [{"role": "user", "content": "What is the weather today?"}]
 WAIT = 60.0  # seconds a reply, a state of the server or a process's end may take
@@ -57,12 +66,22 @@ def _free_port() -> int:
 class Server:
     """``python -m minisgl`` in a subprocess, its stderr in a file."""
 
-    def __init__(self, model: Path, log: Path, *flags: str, env: dict | None = None,
-                 wait: bool = True):
+    def __init__(
+        self, model: Path, log: Path, *flags: str, env: dict | None = None, wait: bool = True
+    ):
         """Start it; with ``wait``, return once it answers (else call ``wait_healthy``)."""
         self.port, self.log = _free_port(), log
-        cmd = [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(self.port),
-               *FLAGS, *flags]
+        cmd = [
+            sys.executable,
+            "-m",
+            "minisgl",
+            "--model",
+            str(model),
+            "--port",
+            str(self.port),
+            *FLAGS,
+            *flags,
+        ]
         full_env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), **(env or {})}
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=err, stderr=subprocess.STDOUT, env=full_env)
@@ -112,24 +131,86 @@ def test_the_command_line_takes_upstreams_flag_names():
     from minisgl.scheduler import SchedulerConfig
     from minisgl.server.args import parse_args
 
-    args = parse_args(["--model-path", "/m", "--host", "0.0.0.0", "--port", "8000", "--dtype",
-                       "bfloat16", "--page-size", "16", "--num-pages", "99", "--memory-ratio",
-                       "0.5", "--max-running-requests", "8", "--max-prefill-length", "256",
-                       "--cache-type", "naive", "--attn", "torch", "--device", "cpu",
-                       "--api-key", "k"])
-    assert (args.model_path, args.host, args.port, args.dtype, args.page_size, args.num_pages,
-            args.memory_ratio, args.max_running_req, args.max_extend_tokens, args.cache_type,
-            args.attention_backend, args.device, args.api_key, args.shell) == \
-        ("/m", "0.0.0.0", 8000, torch.bfloat16, 16, 99, 0.5, 8, 256, "naive", "torch", "cpu",
-         "k", False)
+    args = parse_args(
+        [
+            "--model-path",
+            "/m",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            "--dtype",
+            "bfloat16",
+            "--page-size",
+            "16",
+            "--num-pages",
+            "99",
+            "--memory-ratio",
+            "0.5",
+            "--max-running-requests",
+            "8",
+            "--max-prefill-length",
+            "256",
+            "--cache-type",
+            "naive",
+            "--attn",
+            "torch",
+            "--device",
+            "cpu",
+            "--api-key",
+            "k",
+        ]
+    )
+    assert (
+        args.model_path,
+        args.host,
+        args.port,
+        args.dtype,
+        args.page_size,
+        args.num_pages,
+        args.memory_ratio,
+        args.max_running_req,
+        args.max_extend_tokens,
+        args.cache_type,
+        args.attention_backend,
+        args.device,
+        args.api_key,
+        args.shell,
+    ) == (
+        "/m",
+        "0.0.0.0",
+        8000,
+        torch.bfloat16,
+        16,
+        99,
+        0.5,
+        8,
+        256,
+        "naive",
+        "torch",
+        "cpu",
+        "k",
+        False,
+    )
     config = args.scheduler_config()
     assert type(config) is SchedulerConfig and (config.page_size, config.num_pages) == (16, 99)
     plain = parse_args(["--model", "/m"])
-    assert (plain.host, plain.port, plain.dtype, plain.api_key, plain.shutdown_timeout) == \
-        ("127.0.0.1", 1919, None, None, 5.0)
+    assert (plain.host, plain.port, plain.dtype, plain.api_key, plain.shutdown_timeout) == (
+        "127.0.0.1",
+        1919,
+        None,
+        None,
+        5.0,
+    )
     assert parse_args(["--model", "/m", "--shutdown-timeout", "0.5"]).shutdown_timeout == 0.5
-    for bad in (["--page-size", "0"], ["--port", "70000"], ["--dtype", "int8"], ["--nope"],
-                ["--shutdown-timeout", "-1"], ["--shutdown-timeout", "nan"]):
+    for bad in (
+        ["--page-size", "0"],
+        ["--port", "70000"],
+        ["--dtype", "int8"],
+        ["--nope"],
+        ["--shutdown-timeout", "-1"],
+        ["--shutdown-timeout", "nan"],
+    ):
         with pytest.raises(SystemExit):
             parse_args(["--model", "/m", *bad])
     with pytest.raises(SystemExit):
@@ -145,8 +226,14 @@ def model(tiny_models) -> Path:
 def server(model, tmp_path_factory):
     """The module's server. A drain long enough for any reply: the last test stops it under
     load (test_sigterm_under_load_...), or this fixture does, idle."""
-    srv = Server(model, tmp_path_factory.mktemp("server") / "server.log", "--api-key", KEY,
-                 "--shutdown-timeout", str(DRAIN))
+    srv = Server(
+        model,
+        tmp_path_factory.mktemp("server") / "server.log",
+        "--api-key",
+        KEY,
+        "--shutdown-timeout",
+        str(DRAIN),
+    )
     yield srv
     assert srv.stop() == 0 and "SIGTERM received; the server has stopped" in srv.log.read_text()
     assert "Traceback" not in srv.log.read_text(), srv.log.read_text()
@@ -170,8 +257,11 @@ def test_greedy_completions_equal_llm_generate_with_exact_usage(server, llm):
         out = client.completions.create(model="m", prompt=prompt, **_greedy(12))
         assert out.choices[0].text == ref["text"]
         assert out.choices[0].finish_reason == "length"
-        assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) \
-            == (len(ref["prompt_token_ids"]), 12, len(ref["prompt_token_ids"]) + 12)
+        assert (out.usage.prompt_tokens, out.usage.completion_tokens, out.usage.total_tokens) == (
+            len(ref["prompt_token_ids"]),
+            12,
+            len(ref["prompt_token_ids"]) + 12,
+        )
 
 
 def test_a_seeded_sampled_completion_equals_llm_generate_whatever_runs_beside_it(server, llm):
@@ -183,13 +273,22 @@ def test_a_seeded_sampled_completion_equals_llm_generate_whatever_runs_beside_it
     client = server.client()
 
     def ask(seed: int) -> str:
-        out = client.completions.create(model="m", prompt=PROMPTS[0], seed=seed,
-                                        extra_body={"ignore_eos": True}, **sampled)
+        out = client.completions.create(
+            model="m", prompt=PROMPTS[0], seed=seed, extra_body={"ignore_eos": True}, **sampled
+        )
         return out.choices[0].text
 
     with ThreadPoolExecutor(4) as pool:  # three unseeded requests beside a seeded one
-        beside = [pool.submit(client.completions.create, model="m", prompt=p,
-                              extra_body={"ignore_eos": True}, **sampled) for p in PROMPTS[1:4]]
+        beside = [
+            pool.submit(
+                client.completions.create,
+                model="m",
+                prompt=p,
+                extra_body={"ignore_eos": True},
+                **sampled,
+            )
+            for p in PROMPTS[1:4]
+        ]
         assert ask(7) == ref
         [f.result(timeout=WAIT) for f in beside]
     assert ask(7) == ref and ask(8) != ref
@@ -198,8 +297,9 @@ def test_a_seeded_sampled_completion_equals_llm_generate_whatever_runs_beside_it
 def test_chat_equals_the_offline_api_on_the_chat_template(server, llm):
     ids = tokenize_request(llm.tokenizer, messages=CHAT)
     ref = llm.generate([ids], SamplingParams(max_tokens=40))[0]
-    out = server.client().chat.completions.create(model="m", messages=CHAT, max_tokens=40,
-                                                  temperature=0)
+    out = server.client().chat.completions.create(
+        model="m", messages=CHAT, max_tokens=40, temperature=0
+    )
     assert out.choices[0].message.content == ref["text"]
     assert out.choices[0].message.role == "assistant"
     at_eos = len(ref["token_ids"]) < 40 or ref["token_ids"][-1] in llm.scheduler.eos_token_ids
@@ -225,8 +325,9 @@ def _stream_text(stream) -> tuple[str, str | None, object, int]:
 def test_streamed_completion_joined_equals_the_plain_one(server, prompt):
     client = server.client()
     plain = client.completions.create(model="m", prompt=prompt, **_greedy(16))
-    stream = client.completions.create(model="m", prompt=prompt, stream=True,
-                                       stream_options={"include_usage": True}, **_greedy(16))
+    stream = client.completions.create(
+        model="m", prompt=prompt, stream=True, stream_options={"include_usage": True}, **_greedy(16)
+    )
     text, reason, usage, chunks = _stream_text(stream)
     assert (text, reason) == (plain.choices[0].text, "length")
     assert usage.model_dump() == plain.usage.model_dump()
@@ -235,11 +336,15 @@ def test_streamed_completion_joined_equals_the_plain_one(server, prompt):
 
 def test_streamed_chat_joined_equals_the_plain_one(server):
     client = server.client()
-    plain = client.chat.completions.create(model="m", messages=CHAT, max_tokens=20,
-                                           temperature=0)
-    stream = client.chat.completions.create(model="m", messages=CHAT, max_tokens=20,
-                                            temperature=0, stream=True,
-                                            stream_options={"include_usage": True})
+    plain = client.chat.completions.create(model="m", messages=CHAT, max_tokens=20, temperature=0)
+    stream = client.chat.completions.create(
+        model="m",
+        messages=CHAT,
+        max_tokens=20,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     text, reason, usage, _ = _stream_text(stream)
     assert (text, reason) == (plain.choices[0].message.content, plain.choices[0].finish_reason)
     assert usage.model_dump() == plain.usage.model_dump()
@@ -250,8 +355,9 @@ def test_multibyte_text_streams_whole_characters(server, llm):
     prompt = tm.MULTIBYTE_TEXT[:60]
     ref = llm.generate([prompt], SamplingParams(max_tokens=30, ignore_eos=True))[0]
     pieces = []
-    for chunk in server.client().completions.create(model="m", prompt=prompt, stream=True,
-                                                    **_greedy(30)):
+    for chunk in server.client().completions.create(
+        model="m", prompt=prompt, stream=True, **_greedy(30)
+    ):
         pieces += [c.text for c in chunk.choices if c.text]
     assert "".join(pieces) == ref["text"]
     assert any(ord(ch) > 127 for ch in ref["text"])  # the test means something
@@ -262,15 +368,16 @@ def test_multibyte_text_streams_whole_characters(server, llm):
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_strings_are_cut_and_finish_with_stop(server, stream):
     client = server.client()
-    text = client.completions.create(model="m", prompt="Hello world", **_greedy(24)) \
-        .choices[0].text
+    text = client.completions.create(model="m", prompt="Hello world", **_greedy(24)).choices[0].text
     stop = text[6:9]
     assert len(stop) == 3 and text.index(stop) > 0
-    out = client.completions.create(model="m", prompt="Hello world", stop=[stop, "zzzz"],
-                                    stream=stream, **_greedy(24))
-    got, reason, _, _ = _stream_text(out) if stream else (out.choices[0].text,
-                                                          out.choices[0].finish_reason, 0, 0)
-    assert (got, reason) == (text[:text.index(stop)], "stop")
+    out = client.completions.create(
+        model="m", prompt="Hello world", stop=[stop, "zzzz"], stream=stream, **_greedy(24)
+    )
+    got, reason, _, _ = (
+        _stream_text(out) if stream else (out.choices[0].text, out.choices[0].finish_reason, 0, 0)
+    )
+    assert (got, reason) == (text[: text.index(stop)], "stop")
 
 
 def _tokens_to_stop(tokenizer, ids: list, stop: str) -> int:
@@ -284,22 +391,26 @@ def _tokens_to_stop(tokenizer, ids: list, stop: str) -> int:
 
 def _a_stop_string(text: str) -> str:
     """Three characters first met at least 8 characters into the reply."""
-    starts = [a for a in range(8, len(text) - 3) if text.find(text[a:a + 3]) == a]
+    starts = [a for a in range(8, len(text) - 3) if text.find(text[a : a + 3]) == a]
     assert starts, text
-    return text[starts[0]:starts[0] + 3]
+    return text[starts[0] : starts[0] + 3]
 
 
 @pytest.mark.parametrize("prompt", ["Hello world", "Once upon a time", tm.MULTIBYTE_TEXT[:40]])
-def test_usage_after_a_stop_string_is_exact_even_when_the_detokenizer_falls_behind(server, llm,
-                                                                                   prompt):
+def test_usage_after_a_stop_string_is_exact_even_when_the_detokenizer_falls_behind(
+    server, llm, prompt
+):
     """completion_tokens counts the tokens up to the one that completed the stop string: the
     same streamed and not, and when the detokenizer falls behind. It is paused (SIGSTOP) once the
     replies have begun, until the scheduler has run them to their end, so the tokens past the
     stop string reach it in one batch with those before."""
     ref = llm.generate([prompt], SamplingParams(max_tokens=40, ignore_eos=True))[0]
     stop = _a_stop_string(ref["text"])
-    expected = (ref["text"][:ref["text"].index(stop)], "stop",
-                _tokens_to_stop(llm.tokenizer, ref["token_ids"], stop))
+    expected = (
+        ref["text"][: ref["text"].index(stop)],
+        "stop",
+        _tokens_to_stop(llm.tokenizer, ref["token_ids"], stop),
+    )
     assert 1 < expected[2] < 40  # cut inside the reply, not at either end
     client = server.client()
 
@@ -308,8 +419,14 @@ def test_usage_after_a_stop_string_is_exact_even_when_the_detokenizer_falls_behi
         return out.choices[0].text, out.choices[0].finish_reason, out.usage.completion_tokens
 
     def streamed(started: threading.Event) -> tuple:
-        out = client.completions.create(model="m", prompt=prompt, stop=stop, stream=True,
-                                        stream_options={"include_usage": True}, **_greedy(40))
+        out = client.completions.create(
+            model="m",
+            prompt=prompt,
+            stop=stop,
+            stream=True,
+            stream_options={"include_usage": True},
+            **_greedy(40),
+        )
         chunks = iter(out)
         first = next(chunks)
         started.set()
@@ -333,10 +450,18 @@ def test_models_health_and_metric_names(server, model):
     assert [m.id for m in server.client().models.list()] == [str(model)]
     assert httpx.get(server.url + "/health").status_code == 200
     names = set(server.metrics())
-    for name in ("num_running_reqs", "num_waiting_reqs", "kv_pages_total", "kv_pages_free",
-                 "kv_pages_cached", "prompt_tokens_total", "generation_tokens_total",
-                 "time_to_first_token_seconds_count", "time_per_output_token_seconds_count",
-                 "e2e_request_latency_seconds_count"):
+    for name in (
+        "num_running_reqs",
+        "num_waiting_reqs",
+        "kv_pages_total",
+        "kv_pages_free",
+        "kv_pages_cached",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "time_to_first_token_seconds_count",
+        "time_per_output_token_seconds_count",
+        "e2e_request_latency_seconds_count",
+    ):
         assert f"minisgl:{name}" in names
     m = server.wait_idle()
     assert m["minisgl:kv_pages_total"] == PAGES
@@ -373,12 +498,14 @@ BAD = [  # (route, body, status, the words the message must hold)
 
 
 @pytest.mark.parametrize("route,body,status,words", BAD, ids=[str(b[1])[:40] for b in BAD])
-def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, route, body, status,
-                                                               words):
+def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, route, body, status, words):
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
-    r = httpx.post(server.url + route, content=content, timeout=WAIT,
-                   headers={"Authorization": f"Bearer {KEY}",
-                            "Content-Type": "application/json"})
+    r = httpx.post(
+        server.url + route,
+        content=content,
+        timeout=WAIT,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
     assert r.status_code == status, r.text
     error = r.json()["error"]
     assert words in error["message"] and "Traceback" not in r.text
@@ -389,8 +516,11 @@ def test_bad_input_gets_an_openai_error_and_the_server_goes_on(server, route, bo
 
 def test_streamed_bad_request_gets_its_status_before_any_event(server):
     with pytest.raises(openai.BadRequestError, match="vocab_size"):
-        list(server.client().completions.create(model="m", prompt=[7, 9999], stream=True,
-                                                max_tokens=3))
+        list(
+            server.client().completions.create(
+                model="m", prompt=[7, 9999], stream=True, max_tokens=3
+            )
+        )
 
 
 @pytest.mark.parametrize("key", ["wrong", KEY + "x", KEY[:-1]])
@@ -405,10 +535,19 @@ def test_a_wrong_or_missing_api_key_gets_401(server, key):
 def _disconnect_after(server: Server, n_events: int, max_tokens: int, chat: bool = False):
     """Open a stream, read ``n_events`` events, then close the connection."""
     body = ({"messages": CHAT} if chat else {"prompt": "Once upon a time"}) | {
-        "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0, "stream": True}
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     route = "/v1/chat/completions" if chat else "/v1/completions"
-    with httpx.stream("POST", server.url + route, json=body, timeout=WAIT,
-                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+    with httpx.stream(
+        "POST",
+        server.url + route,
+        json=body,
+        timeout=WAIT,
+        headers={"Authorization": f"Bearer {KEY}"},
+    ) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         for _ in range(n_events):
@@ -434,10 +573,13 @@ def test_a_client_that_disconnects_mid_stream_frees_its_pages(server, chat):
 def test_a_disconnect_before_a_plain_reply_aborts_it(server):
     """A raw socket that sends a request and closes once the scheduler runs it."""
     cached = server.wait_idle()["minisgl:kv_pages_cached"]
-    body = json.dumps({"prompt": "Nobody waits for this reply", "max_tokens": 400,
-                       "ignore_eos": True}).encode()
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}"
-            f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    body = json.dumps(
+        {"prompt": "Nobody waits for this reply", "max_tokens": 400, "ignore_eos": True}
+    ).encode()
+    head = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}"
+        f"\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     with socket.create_connection(("127.0.0.1", server.port), timeout=WAIT) as conn:
         conn.sendall(head.encode() + body)
         deadline = time.monotonic() + WAIT
@@ -454,8 +596,14 @@ async def _one_client(http: httpx.AsyncClient, i: int) -> str:
     if i % 10 == 3:
         r = await http.post("/v1/completions", content=b'{"prompt": [1,', headers=headers)
         return f"malformed {r.status_code}"
-    body = {"prompt": f"Hello world {i}", "max_tokens": 8 + i % 5, "ignore_eos": True,
-            "temperature": 0.8, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": f"Hello world {i}",
+        "max_tokens": 8 + i % 5,
+        "ignore_eos": True,
+        "temperature": 0.8,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
         events = []
         async for line in r.aiter_lines():
@@ -478,10 +626,10 @@ def test_concurrent_streams_some_malformed_some_leaving(server):
 
     async def run_all() -> list:
         limits = httpx.Limits(max_connections=n + 10)
-        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT + n,
-                                     limits=limits) as http:
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT + n, limits=limits) as http:
             return await asyncio.wait_for(
-                asyncio.gather(*(_one_client(http, i) for i in range(n))), timeout=WAIT + n)
+                asyncio.gather(*(_one_client(http, i) for i in range(n))), timeout=WAIT + n
+            )
 
     results = asyncio.run(run_all())
     assert results.count("malformed 400") == n // 10 and results.count("left") == n // 10
@@ -497,10 +645,12 @@ def own_servers(model, tmp_path_factory):
     """A server for each test that ends one in its own way, both started at once: most of a
     start is imports, each on one core. Each test waits for its own."""
     folder = tmp_path_factory.mktemp("own_servers")
-    servers = {"fault": Server(model, folder / "fault.log", wait=False,
-                               env={"MINISGL_FAILURE_GRACE_S": "1.5"}),
-               "cut": Server(model, folder / "cut.log", "--shutdown-timeout", str(CUT_DRAIN),
-                             wait=False)}
+    servers = {
+        "fault": Server(
+            model, folder / "fault.log", wait=False, env={"MINISGL_FAILURE_GRACE_S": "1.5"}
+        ),
+        "cut": Server(model, folder / "cut.log", "--shutdown-timeout", str(CUT_DRAIN), wait=False),
+    }
     yield servers
     for srv in servers.values():  # stopped by their tests, unless one failed first
         srv.stop()
@@ -514,8 +664,9 @@ def test_the_scheduler_killed_mid_run_gives_503_then_a_nonzero_exit(own_servers)
 
         def long_request() -> None:
             try:
-                client.completions.create(model="m", prompt="Hi", max_tokens=400,
-                                          extra_body={"ignore_eos": True})
+                client.completions.create(
+                    model="m", prompt="Hi", max_tokens=400, extra_body={"ignore_eos": True}
+                )
             except openai.APIStatusError as e:
                 errors.append(e)
 
@@ -554,9 +705,13 @@ def test_sigterm_under_load_finishes_the_replies_under_way_then_exits_0(server):
         started = [threading.Event() for _ in range(6)]
 
         def stream_one(i: int) -> None:
-            out = srv.client().completions.create(model="m", prompt=f"Hello {i}", stream=True,
-                                                  stream_options={"include_usage": True},
-                                                  **_greedy(60))
+            out = srv.client().completions.create(
+                model="m",
+                prompt=f"Hello {i}",
+                stream=True,
+                stream_options={"include_usage": True},
+                **_greedy(60),
+            )
             text, reason, usage, _ = _stream_text(_noting_the_first(out, started[i]))
             streams.append((reason, usage.completion_tokens))
 
@@ -582,11 +737,18 @@ def test_sigterm_under_load_finishes_the_replies_under_way_then_exits_0(server):
         srv.stop()
 
 
-def _raw_stream(srv: Server, prompt: str, max_tokens: int, events: list,
-                started: threading.Event) -> None:
+def _raw_stream(
+    srv: Server, prompt: str, max_tokens: int, events: list, started: threading.Event
+) -> None:
     """A stream's events as they come (the JSON strings after ``data: ``), until it ends."""
-    body = {"prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True, "temperature": 0,
-            "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=WAIT) as r:
         for line in r.iter_lines():
             if line.startswith("data: "):

@@ -26,6 +26,7 @@ import openai
 import pexpect
 import torch
 from helpers import ROOT
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.tokenizer import tokenize_request
@@ -37,8 +38,10 @@ DEFAULT_REPLY = CONTEXT // 4  # the shell's default max_tokens
 OPTIONS = dict(device="cpu", page_size=4, num_pages=512)
 FLAGS = ["--device", "cpu", "--page-size", "4", "--num-pages", "512"]
 WAIT_S = 120  # any one wait on the terminal: loading the model on a loaded 2-core machine
-TRIMMED = re.compile(r"\((\d+) earlier turns? left out, to leave (\d+) of the context's (\d+) "
-                     r"tokens for the reply\)\r\n")
+TRIMMED = re.compile(
+    r"\((\d+) earlier turns? left out, to leave (\d+) of the context's (\d+) "
+    r"tokens for the reply\)\r\n"
+)
 
 
 class ShellProcess:
@@ -47,14 +50,22 @@ class ShellProcess:
 
     def __init__(self, model: Path, tmp: Path, max_tokens: int | None = MAX_TOKENS):
         self.tmp = tmp
-        env = {**_worker_env(tmp), "TERM": "dumb", "PROMPT_TOOLKIT_NO_CPR": "1",
-               "MINISGL_SHELL_TEMPERATURE": "0"}
+        env = {
+            **_worker_env(tmp),
+            "TERM": "dumb",
+            "PROMPT_TOOLKIT_NO_CPR": "1",
+            "MINISGL_SHELL_TEMPERATURE": "0",
+        }
         env.pop("MINISGL_SHELL_MAX_TOKENS", None)
         if max_tokens is not None:
             env["MINISGL_SHELL_MAX_TOKENS"] = str(max_tokens)
-        self.child = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model),
-                                                    "--shell", *FLAGS],
-                                   env=env, timeout=WAIT_S, encoding="utf-8")
+        self.child = pexpect.spawn(
+            sys.executable,
+            ["-m", "minisgl", "--model", str(model), "--shell", *FLAGS],
+            env=env,
+            timeout=WAIT_S,
+            encoding="utf-8",
+        )
         self.banner = self.wait_prompt()  # its first line names the workers and their pids
         self.workers = _children(self.child.pid)
         # the scheduler, the tokenizer worker (and multiprocessing's resource tracker)
@@ -80,8 +91,11 @@ class ShellProcess:
     def stats(self) -> dict:
         """The scheduler's numbers, as /stats prints them."""
         line = self.say("/stats")
-        match = re.fullmatch(r"\(requests running: (\d+); KV pages in use: (\d+), "
-                             r"cached: (\d+), of (\d+)\)", line)
+        match = re.fullmatch(
+            r"\(requests running: (\d+); KV pages in use: (\d+), "
+            r"cached: (\d+), of (\d+)\)",
+            line,
+        )
         assert match, line
         return dict(zip(["running", "in use", "cached", "total"], map(int, match.groups())))
 
@@ -99,8 +113,12 @@ def _worker_env(tmp: Path) -> dict:
     nothing from a second thread, and on a loaded machine the threads of three processes wait
     for each other: 128 tokens took 7.6 s with two threads and 0.5 s with one, beside other
     jobs on 2 cores."""
-    return {**os.environ, "PYTHONPATH": str(ROOT / "python"), "TMPDIR": str(tmp),
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "python"),
+        "TMPDIR": str(tmp),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def _children(pid: int) -> list[int]:
@@ -141,11 +159,13 @@ def llm(model):
 
 def _shell_fixture(max_tokens: int | None):
     """A shell for the module's tests; whatever a test left of it is ended after the last."""
+
     @pytest.fixture(scope="module")
     def fixture(model, tmp_path_factory):
         sh = ShellProcess(model, tmp_path_factory.mktemp("shell"), max_tokens)
         yield sh
         sh.child.terminate(force=True)
+
     return fixture
 
 
@@ -226,8 +246,9 @@ def test_a_dying_worker_stops_the_shell_with_a_message(long_shell):
     sh.child.expect_exact("Tell me a long story\r\r\n")
     sh.child.expect(r"\S{8}")  # the reply is under way
     os.kill(scheduler, signal.SIGKILL)
-    sh.child.expect_exact("minisgl: the scheduler process was killed by SIGKILL; "
-                          "the shell has stopped")
+    sh.child.expect_exact(
+        "minisgl: the scheduler process was killed by SIGKILL; the shell has stopped"
+    )
     assert sh.expect_exit() == 1
     assert "Traceback" not in sh.child.before
 
@@ -253,12 +274,17 @@ def test_the_oldest_turns_go_first_and_a_system_message_stays():
     assert fit_to_context([system, new], count, 5) == ([system, new], 0)
 
 
-LINES = ["Tell me a long story", "What happened next?", "And then?", "Tell me about the robot",
-         "What did the children ask?", "And the weather?"]
+LINES = [
+    "Tell me a long story",
+    "What happened next?",
+    "And then?",
+    "Tell me about the robot",
+    "What did the children ask?",
+    "And the weather?",
+]
 
 
-def test_long_turns_on_the_shells_defaults_trim_the_history_and_never_end_it(
-        model, llm, tmp_path):
+def test_long_turns_on_the_shells_defaults_trim_the_history_and_never_end_it(model, llm, tmp_path):
     """The shell as it starts without MINISGL_SHELL_*_TOKENS: replies of a quarter of the
     context, so that after a few turns the conversation no longer fits. Each turn's reply is
     printed; the oldest turns are left out, as few as fit, and the shell says so; the reply is
@@ -278,16 +304,18 @@ def test_long_turns_on_the_shells_defaults_trim_the_history_and_never_end_it(
             if match:
                 assert (int(match[2]), int(match[3])) == (DEFAULT_REPLY, CONTEXT), printed
                 trims.append(dropped)
-            reply = printed[match.end() if match else 0:]
+            reply = printed[match.end() if match else 0 :]
             assert reply.endswith("\r\n") and "Traceback" not in printed, printed
             reply = reply[:-2].replace("\r\n", "\n")
             assert reply, printed  # the greedy reply runs on: no EOS at once
-            kept = history[2 * dropped:] + [_user(line)]
+            kept = history[2 * dropped :] + [_user(line)]
             # the fewest turns left out that leave room for a whole reply
             assert _prompt_len(llm, kept) <= CONTEXT - DEFAULT_REPLY
             if dropped:
-                assert _prompt_len(llm, history[2 * dropped - 2:] + [_user(line)]) > \
-                    CONTEXT - DEFAULT_REPLY
+                assert (
+                    _prompt_len(llm, history[2 * dropped - 2 :] + [_user(line)])
+                    > CONTEXT - DEFAULT_REPLY
+                )
             if match and len(trims) == 1:  # what the model saw: the kept turns, nothing else
                 assert reply == _offline(llm, kept, DEFAULT_REPLY)
             history = kept + [_assistant(reply)]
@@ -296,8 +324,10 @@ def test_long_turns_on_the_shells_defaults_trim_the_history_and_never_end_it(
         too_long = "7" * (CONTEXT + 10)  # one token per digit
         assert _prompt_len(llm, [_user(too_long)]) >= CONTEXT
         sh.child.sendline(too_long)
-        sh.child.expect(r"\(refused: the prompt has (\d+) tokens: the context holds "
-                        rf"max_seq_len={CONTEXT}, so a prompt has at most {CONTEXT - 1}\)\r\n")
+        sh.child.expect(
+            r"\(refused: the prompt has (\d+) tokens: the context holds "
+            rf"max_seq_len={CONTEXT}, so a prompt has at most {CONTEXT - 1}\)\r\n"
+        )
         assert int(sh.child.match[1]) == _prompt_len(llm, [_user(too_long)])
         assert "Traceback" not in sh.child.before
         sh.wait_prompt()
@@ -320,41 +350,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_the_chat_endpoint_refuses_a_too_long_conversation_with_400_and_goes_on(model, llm,
-                                                                                tmp_path):
+def test_the_chat_endpoint_refuses_a_too_long_conversation_with_400_and_goes_on(
+    model, llm, tmp_path
+):
     """Long turns through ``/v1/chat/completions`` (the official client): the server keeps
     no history of its own, so the conversation outgrows the context. That request gets a 400
     naming the prompt's length and the context, streamed or not; the next is served."""
     port = _free_port()
-    server = pexpect.spawn(sys.executable, ["-m", "minisgl", "--model", str(model), "--port",
-                                            str(port), *FLAGS],
-                           env=_worker_env(tmp_path), timeout=WAIT_S, encoding="utf-8")
+    server = pexpect.spawn(
+        sys.executable,
+        ["-m", "minisgl", "--model", str(model), "--port", str(port), *FLAGS],
+        env=_worker_env(tmp_path),
+        timeout=WAIT_S,
+        encoding="utf-8",
+    )
     try:
         server.expect_exact(f"minisgl: serving {model} on http://127.0.0.1:{port}")
         # the port is bound just after that line: the client retries a refused connection
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                               max_retries=5, timeout=WAIT_S)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=5, timeout=WAIT_S
+        )
         messages: list = []
         for line in LINES:
             messages.append(_user(line))
             if _prompt_len(llm, messages) >= CONTEXT:
                 break
-            reply = client.chat.completions.create(model="m", messages=messages,
-                                                   max_tokens=200, temperature=0)
+            reply = client.chat.completions.create(
+                model="m", messages=messages, max_tokens=200, temperature=0
+            )
             assert reply.usage.prompt_tokens == _prompt_len(llm, messages)
             messages.append(_assistant(reply.choices[0].message.content))
         n = _prompt_len(llm, messages)
         assert len(messages) > 3 and n >= CONTEXT  # two turns and more, then too long
-        expected = (f"the prompt has {n} tokens: the context holds max_seq_len={CONTEXT}, so "
-                    f"a prompt has at most {CONTEXT - 1}")
+        expected = (
+            f"the prompt has {n} tokens: the context holds max_seq_len={CONTEXT}, so "
+            f"a prompt has at most {CONTEXT - 1}"
+        )
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as refused:
-                client.chat.completions.create(model="m", messages=messages, max_tokens=8,
-                                               stream=stream)
+                client.chat.completions.create(
+                    model="m", messages=messages, max_tokens=8, stream=stream
+                )
             assert refused.value.status_code == 400
             assert refused.value.body["message"] == expected
-        after = client.chat.completions.create(model="m", messages=messages[-1:],
-                                               max_tokens=8, temperature=0)
+        after = client.chat.completions.create(
+            model="m", messages=messages[-1:], max_tokens=8, temperature=0
+        )
         assert after.choices[0].message.content == _offline(llm, messages[-1:], 8)
         server.kill(signal.SIGTERM)
         server.expect_exact("minisgl: SIGTERM received; the server has stopped")

@@ -24,6 +24,7 @@ from ch15_measure import (
     write_shape,
 )
 from helpers import DENSE, greedy
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.models import ModelConfig, create_model, load_model
@@ -32,8 +33,17 @@ from minisgl.utils.torch_utils import StepTimer
 
 def _llm(path, **options):
     """helpers.build_llm's small CPU options, and more."""
-    return LLM(str(path), **{"device": "cpu", "page_size": 4, "num_pages": 256,
-                             "max_running_req": 8, "max_extend_tokens": 256, **options})
+    return LLM(
+        str(path),
+        **{
+            "device": "cpu",
+            "page_size": 4,
+            "num_pages": 256,
+            "max_running_req": 8,
+            "max_extend_tokens": 256,
+            **options,
+        },
+    )
 
 
 def test_workload_is_nano_vllms():
@@ -41,8 +51,9 @@ def test_workload_is_nano_vllms():
     assert len(prompts) == len(params) == 256
     assert sum(len(p) for p in prompts) == 142_827
     assert sum(p.max_tokens for p in params) == 133_966
-    assert all(100 <= len(p) <= 1024 and 100 <= s.max_tokens <= 1024
-               for p, s in zip(prompts, params))
+    assert all(
+        100 <= len(p) <= 1024 and 100 <= s.max_tokens <= 1024 for p, s in zip(prompts, params)
+    )
     assert all(0 <= t <= 10000 for p in prompts for t in p)
     assert all(s.temperature == 0.6 and s.ignore_eos for s in params)
     first, _ = nano_vllm_workload(32)
@@ -67,8 +78,10 @@ def test_dummy_weights_need_no_checkpoint(tiny_models, tmp_path):
     assert 0.015 < w.std().item() < 0.025 and abs(w.mean().item()) < 0.005
     again = load_model(path, "cpu", torch.bfloat16, dummy=True).state_dict()
     assert all(torch.equal(weights[k], again[k]) for k in weights)  # seeded
-    q, k = weights["model.layers.0.self_attn.q_norm.weight"], weights[
-        "model.layers.0.self_attn.k_norm.weight"]
+    q, k = (
+        weights["model.layers.0.self_attn.q_norm.weight"],
+        weights["model.layers.0.self_attn.k_norm.weight"],
+    )
     assert not torch.equal(q, k)  # each tensor draws its own values
 
 
@@ -80,8 +93,9 @@ def test_dummy_weights_made_on_the_device(tiny_models, tmp_path, monkeypatch):
     monkeypatch.setattr(models, "load_weights", lambda *a: pytest.fail("read the checkpoint"))
     path = _config_only(tiny_models, "llama3", tmp_path)
     fills = []
-    monkeypatch.setattr(torch.Tensor, "normal_",
-                        lambda self, *a, **k: fills.append(self.device.type) or self)
+    monkeypatch.setattr(
+        torch.Tensor, "normal_", lambda self, *a, **k: fills.append(self.device.type) or self
+    )
     monkeypatch.setattr(torch, "Generator", lambda device: _FakeGenerator(device))
     model = load_model(path, "meta", torch.float16, dummy=True)
     weights = model.state_dict()
@@ -100,8 +114,15 @@ class _FakeGenerator:
 
 def test_llm_on_config_json_alone_with_upstreams_names(tiny_models, tmp_path):
     path = _config_only(tiny_models, "qwen3", tmp_path)
-    llm = LLM(str(path), device="cpu", use_dummy_weight=True, max_seq_len_override=96,
-              num_page_override=40, page_size=4, max_extend_tokens=32)
+    llm = LLM(
+        str(path),
+        device="cpu",
+        use_dummy_weight=True,
+        max_seq_len_override=96,
+        num_page_override=40,
+        page_size=4,
+        max_extend_tokens=32,
+    )
     engine = llm.scheduler.engine
     assert (engine.max_seq_len, engine.num_pages, engine.config.page_size) == (96, 40, 4)
     assert engine.config.dummy_weights and llm.scheduler.config.max_extend_tokens == 32
@@ -124,8 +145,9 @@ def test_upstream_names_mean_ours(tiny_models):
     for llm in (ours, theirs):
         assert (llm.scheduler.engine.max_seq_len, llm.scheduler.engine.num_pages) == (80, 30)
     prompts = ["Hello world", "The quick brown fox"]
-    assert ([o["token_ids"] for o in ours.generate(prompts, greedy(6))]
-            == [o["token_ids"] for o in theirs.generate(prompts, greedy(6))])
+    assert [o["token_ids"] for o in ours.generate(prompts, greedy(6))] == [
+        o["token_ids"] for o in theirs.generate(prompts, greedy(6))
+    ]
 
 
 def test_timer_sums_phases():
@@ -196,8 +218,14 @@ def test_engine_phases_per_step(tiny_models):
     # 8 tokens a prefill: 6 + a chunk of 2, then the other 7; then the two decode 3 steps
     prefills, decodes = 2, 3
     steps = prefills + decodes
-    assert counts == {"schedule": steps + 1, "prepare": steps, "forward prefill": prefills,
-                      "sample": steps, "process": steps, "forward decode": decodes}
+    assert counts == {
+        "schedule": steps + 1,
+        "prepare": steps,
+        "forward prefill": prefills,
+        "sample": steps,
+        "process": steps,
+        "forward decode": decodes,
+    }
     plain = _llm(path)
     assert not plain.scheduler.engine.timer.enabled
     plain.generate(["Hello world"], greedy(4))
@@ -235,8 +263,11 @@ def test_roofline_by_hand():
     token. 64 sequences at 1,000 tokens: (1,192,099,840 + 114,688 x 64,000) / 4.8e12 s."""
     config = SHAPES["qwen3-0.6b"]
     per_layer = 6_291_456 + 256 + 2_048 + 9_437_184
-    assert decode_weight_params(ModelConfig.from_dict(config)) == 28 * per_layer + 1_024 \
-        + 151_936 * 1_024 == 596_049_920
+    assert (
+        decode_weight_params(ModelConfig.from_dict(config))
+        == 28 * per_layer + 1_024 + 151_936 * 1_024
+        == 596_049_920
+    )
     assert weight_bytes(config) == 1_192_099_840
     assert weight_bytes(config, torch.float32) == 2 * 1_192_099_840
     assert kv_bytes_per_token(config) == 114_688
@@ -257,8 +288,9 @@ def test_percentiles_match_numpy():
         values = rng.exponential(size=n).tolist()
         for q in (0, 50, 90, 99, 100):
             assert percentile(values, q) == pytest.approx(np.percentile(values, q))
-    assert percentile([4, 1, 3, 2], 50) == 2.5 and percentile([1, 2, 3, 4], 90) == \
-        pytest.approx(3.7)
+    assert percentile([4, 1, 3, 2], 50) == 2.5 and percentile([1, 2, 3, 4], 90) == pytest.approx(
+        3.7
+    )
     with pytest.raises(ValueError):
         percentile([], 50)
 
@@ -267,13 +299,15 @@ def test_request_latencies():
     got = request_latencies(10.0, 10.3, 10.7, 4)  # tokens at 10.3, ..., 10.7: 3 gaps
     assert got == pytest.approx({"ttft": 0.3, "tpot": 0.4 / 3, "e2e": 0.7})
     assert request_latencies(0.0, 0.2, 0.2, 1) == pytest.approx(
-        {"ttft": 0.2, "tpot": 0.0, "e2e": 0.2})
+        {"ttft": 0.2, "tpot": 0.0, "e2e": 0.2}
+    )
 
 
 def test_shapes_load_as_configs(tmp_path):
     for name in SHAPES:
-        c = ModelConfig.from_dict(json.loads(write_shape(name, tmp_path).joinpath(
-            "config.json").read_text()))
+        c = ModelConfig.from_dict(
+            json.loads(write_shape(name, tmp_path).joinpath("config.json").read_text())
+        )
         assert c.vocab_size > 10000  # the workload's ids fit every shape
         assert c.dtype == (torch.float32 if name == "tiny" else torch.bfloat16)
 
@@ -282,13 +316,13 @@ def test_sampling_sorts_only_when_a_row_filters(monkeypatch) -> None:
     """The sort behind top-k / top-p costs most of a sampling step on a GPU (this chapter's
     breakdown): a batch where no row asks for either never runs it; one row asking runs it."""
     import torch
+
     from minisgl.core import SamplingParams
     from minisgl.engine import sample
 
     calls = []
     real = sample.top_k_top_p_filter
-    monkeypatch.setattr(sample, "top_k_top_p_filter",
-                        lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
+    monkeypatch.setattr(sample, "top_k_top_p_filter", lambda *a: calls.append(1) or real(*a))  # type: ignore[func-returns-value]
     sampler = sample.Sampler(seed=0)
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     plain = [SamplingParams(temperature=0.7), SamplingParams(), SamplingParams(temperature=1.3)]

@@ -14,6 +14,7 @@ if not Path("/dev/nvidia0").exists():  # no GPU: interpret; it must be chosen be
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
 from minisgl.attention.utils import attend  # noqa: E402
 from minisgl.kernel import decode_attention, extend_attention, store_kv  # noqa: E402
 from minisgl.kernel.attention import DECODE_TILES  # noqa: E402
@@ -23,16 +24,23 @@ on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 DEVICE = "cuda" if CUDA else "cpu"  # the small shapes run on the GPU too where there is one
 
 
-def kv_pool(num_slots: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-            device: str, gen: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
+def kv_pool(
+    num_slots: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str,
+    gen: torch.Generator,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Random K and V caches, [num_slots, Hkv, D] each, interleaved in one buffer so that a slot's
     stride is twice its size: a kernel that assumes contiguous slots reads the wrong ones."""
     buffer = torch.randn(num_slots, 2, num_kv_heads, head_dim, generator=gen).to(device, dtype)
     return buffer[:, 0], buffer[:, 1]
 
 
-def page_table_for(lens: List[int], page_size: int, num_pages: int, gen: torch.Generator,
-                   device: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def page_table_for(
+    lens: List[int], page_size: int, num_pages: int, gen: torch.Generator, device: str
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """A page table whose requests own pages scattered at random in the pool, in rows picked at
     random among 2 * B -> (page_table [2 * B, width] int32, rows [B] int32)."""
     width = max(lens) + 5
@@ -52,8 +60,15 @@ def page_table_for(lens: List[int], page_size: int, num_pages: int, gen: torch.G
 PAGES_AND_HEADS = [(1, (4, 2)), (3, (8, 2)), (16, (2, 2))]
 
 
-def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor,
-              rows: torch.Tensor, cached: List[int], extend: List[int]) -> torch.Tensor:
+def reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    table: torch.Tensor,
+    rows: torch.Tensor,
+    cached: List[int],
+    extend: List[int],
+) -> torch.Tensor:
     """Each request's new tokens by ``attend`` over the K and V gathered through its row."""
     outs = []
     for q_req, row, c, e in zip(q.split(extend), rows.tolist(), cached, extend):
@@ -62,24 +77,39 @@ def reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, tab
     return torch.cat(outs)
 
 
-def run_decode(lens: List[int], heads: Tuple[int, int], head_dim: int, page_size: int,
-               splits: int | None, dtype: torch.dtype = torch.float32, device: str = DEVICE,
-               seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+def run_decode(
+    lens: List[int],
+    heads: Tuple[int, int],
+    head_dim: int,
+    page_size: int,
+    splits: int | None,
+    dtype: torch.dtype = torch.float32,
+    device: str = DEVICE,
+    seed: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     num_pages = sum(-(-n // page_size) for n in lens) + 7
     k_cache, v_cache = kv_pool(num_pages * page_size, heads[1], head_dim, dtype, device, gen)
     table, rows = page_table_for(lens, page_size, num_pages, gen, device)
     q = torch.randn(len(lens), heads[0], head_dim, generator=gen).to(device, dtype)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-    out = decode_attention(q, k_cache, v_cache, table, rows, seq_lens, head_dim**-0.5,
-                           num_kv_splits=splits)
+    out = decode_attention(
+        q, k_cache, v_cache, table, rows, seq_lens, head_dim**-0.5, num_kv_splits=splits
+    )
     ref = reference(q, k_cache, v_cache, table, rows, [n - 1 for n in lens], [1] * len(lens))
     return out, ref
 
 
-def run_extend(cached: List[int], extend: List[int], heads: Tuple[int, int], head_dim: int,
-               page_size: int, dtype: torch.dtype = torch.float32, device: str = DEVICE,
-               seed: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
+def run_extend(
+    cached: List[int],
+    extend: List[int],
+    heads: Tuple[int, int],
+    head_dim: int,
+    page_size: int,
+    dtype: torch.dtype = torch.float32,
+    device: str = DEVICE,
+    seed: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     lens = [c + e for c, e in zip(cached, extend)]
     num_pages = sum(-(-n // page_size) for n in lens) + 7
@@ -90,8 +120,18 @@ def run_extend(cached: List[int], extend: List[int], heads: Tuple[int, int], hea
     q = qkv[:, : heads[0]]
     as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
     starts = torch.tensor([0] + extend[:-1]).cumsum(0).tolist()
-    out = extend_attention(q, k_cache, v_cache, table, rows, as_tensor(cached), as_tensor(extend),
-                           as_tensor(starts), max(extend), head_dim**-0.5)
+    out = extend_attention(
+        q,
+        k_cache,
+        v_cache,
+        table,
+        rows,
+        as_tensor(cached),
+        as_tensor(extend),
+        as_tensor(starts),
+        max(extend),
+        head_dim**-0.5,
+    )
     return out, reference(q, k_cache, v_cache, table, rows, cached, extend)
 
 
@@ -188,8 +228,18 @@ def test_extend_of_one_token_equals_decode() -> None:
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     ones = torch.ones(len(lens), dtype=torch.int32, device=DEVICE)
     dec = decode_attention(q, k_cache, v_cache, table, rows, seq_lens, 0.3, num_kv_splits=3)
-    ext = extend_attention(q, k_cache, v_cache, table, rows, seq_lens - 1, ones,
-                           torch.arange(len(lens), dtype=torch.int32, device=DEVICE), 1, 0.3)
+    ext = extend_attention(
+        q,
+        k_cache,
+        v_cache,
+        table,
+        rows,
+        seq_lens - 1,
+        ones,
+        torch.arange(len(lens), dtype=torch.int32, device=DEVICE),
+        1,
+        0.3,
+    )
     torch.testing.assert_close(dec, ext, atol=1e-5, rtol=1e-5)
 
 
@@ -226,11 +276,13 @@ def test_cuda_extend_real_shapes(dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 80, 96, 128, 256])
 @pytest.mark.parametrize("heads", [(4, 4), (3, 1), (10, 2), (16, 2), (16, 1)])  # GQA 1 to 16
 def test_cuda_other_head_dims(head_dim: int, heads: Tuple[int, int]) -> None:
-    out, ref = run_decode([1, 700, 2049], heads, head_dim, 16, splits=None,
-                          dtype=torch.bfloat16, device="cuda")
+    out, ref = run_decode(
+        [1, 700, 2049], heads, head_dim, 16, splits=None, dtype=torch.bfloat16, device="cuda"
+    )
     torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
-    out, ref = run_extend([0, 300], [1000, 129], heads, head_dim, 16, dtype=torch.bfloat16,
-                          device="cuda")
+    out, ref = run_extend(
+        [0, 300], [1000, 129], heads, head_dim, 16, dtype=torch.bfloat16, device="cuda"
+    )
     torch.testing.assert_close(out, ref, **_tolerance(torch.bfloat16))
 
 
@@ -272,10 +324,18 @@ def test_cuda_decode_in_a_cuda_graph() -> None:
 
 def _generate(path, backend: str, prompts, n: int, device: str = DEVICE, **options):
     from helpers import greedy
+
     from minisgl.llm import LLM
 
-    llm = LLM(str(path), device=device, page_size=3, num_pages=64, max_running_req=4,
-              attention_backend=backend, **options)
+    llm = LLM(
+        str(path),
+        device=device,
+        page_size=3,
+        num_pages=64,
+        max_running_req=4,
+        attention_backend=backend,
+        **options,
+    )
     return [out["token_ids"] for out in llm.generate(prompts, greedy(n))], llm
 
 
@@ -342,6 +402,7 @@ def test_lm_head_sees_only_the_sampled_rows(tiny_models) -> None:
     """A prefill of 7 + 3 + 32 tokens computes 3 rows of logits; a decode step one per request;
     the whole-sequence entry point (chapters 2-4) still gets every row."""
     from helpers import greedy, hf_greedy, hf_logits
+
     from minisgl.models import load_model, sequence_logits
 
     _, llm = _generate(tiny_models["qwen3"], "torch", [[1] * 3], 1)
@@ -356,8 +417,9 @@ def test_lm_head_sees_only_the_sampled_rows(tiny_models) -> None:
     assert [out["token_ids"] for out in outputs] == hf_greedy(tiny_models["qwen3"], prompts, 2)
     model = load_model(tiny_models["qwen3"])
     ids = list(range(20, 29))
-    torch.testing.assert_close(sequence_logits(model, ids), hf_logits(tiny_models["qwen3"], ids),
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        sequence_logits(model, ids), hf_logits(tiny_models["qwen3"], ids), atol=1e-4, rtol=1e-4
+    )
 
 
 @on_cuda

@@ -20,8 +20,7 @@ LENGTHS = [6, 2, 9, 4, 7, 1]  # requests leave at different steps, so the batch 
 def _llm(path: Any, device: str = "cpu", **options: Any) -> Any:
     from minisgl.llm import LLM
 
-    return LLM(str(path), device=device, page_size=4, num_pages=128, max_running_req=8,
-               **options)
+    return LLM(str(path), device=device, page_size=4, num_pages=128, max_running_req=8, **options)
 
 
 def _generate(llm: Any, sampling: Any = None) -> List[List[int]]:
@@ -84,8 +83,10 @@ def test_padding_with_sampling_keeps_each_rows_draw(tiny_models) -> None:
     """Seeded sampling: a row's draw depends on its request and step, not on the padded rows."""
     from minisgl.core import SamplingParams
 
-    params = [SamplingParams(temperature=0.8, top_k=20, max_tokens=n, ignore_eos=True, seed=i)
-              for i, n in enumerate(LENGTHS)]
+    params = [
+        SamplingParams(temperature=0.8, top_k=20, max_tokens=n, ignore_eos=True, seed=i)
+        for i, n in enumerate(LENGTHS)
+    ]
     ref = _generate(_llm(tiny_models["qwen3"]), params)
     assert _generate(_llm(tiny_models["qwen3"], cuda_graph_max_bs=8), params) == ref
 
@@ -122,8 +123,14 @@ def test_graph_max_bs_is_capped_and_checked(tiny_models) -> None:
     runner = _llm(tiny_models["llama3"], cuda_graph_max_bs=100).scheduler.engine.graph_runner
     assert runner.max_bs == 8  # no batch is larger than max_running_req
     for max_running_req, max_bs in [(6, 8), (13, 16), (3, 4), (1, 1)]:  # a full batch pads
-        llm = LLM(str(tiny_models["llama3"]), device="cpu", page_size=4, num_pages=128,
-                  max_running_req=max_running_req, cuda_graph_max_bs=100)
+        llm = LLM(
+            str(tiny_models["llama3"]),
+            device="cpu",
+            page_size=4,
+            num_pages=128,
+            max_running_req=max_running_req,
+            cuda_graph_max_bs=100,
+        )
         assert llm.scheduler.engine.graph_runner.max_bs == max_bs, max_running_req
     small = _llm(tiny_models["llama3"], cuda_graph_max_bs=6)  # below max_running_req: as asked
     assert small.scheduler.engine.graph_runner.max_bs == 4
@@ -166,8 +173,9 @@ def test_cuda_graphs_give_the_same_tokens(tiny_models, family: str) -> None:
     llm = _llm(tiny_models[family], device="cuda")
     assert llm.scheduler.engine.graph_runner.graphs  # captured
     ours = _generate(llm, [greedy(12)] * len(PROMPTS))
-    assert ours == _generate(_llm(tiny_models[family], device="cuda", cuda_graph_max_bs=0),
-                             [greedy(12)] * len(PROMPTS))
+    assert ours == _generate(
+        _llm(tiny_models[family], device="cuda", cuda_graph_max_bs=0), [greedy(12)] * len(PROMPTS)
+    )
     assert ours == hf_greedy(tiny_models[family], PROMPTS, 12)
 
 

@@ -14,6 +14,7 @@ from typing import Dict, List, Set
 import pytest
 import torch
 from helpers import assert_pages_all_back, greedy, hf_greedy
+
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
 from minisgl.message import (
@@ -30,8 +31,11 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 
 ENV = "MINISGL_DISABLE_OVERLAP_SCHEDULING"
 TIGHT = dict(page_size=4, num_pages=40, max_running_req=3, max_extend_tokens=16)  # reuse early
-SETTINGS = {"roomy": dict(page_size=1), "tight": TIGHT,
-            "naive": dict(TIGHT, cache_type="naive", num_pages=48)}
+SETTINGS = {
+    "roomy": dict(page_size=1),
+    "tight": TIGHT,
+    "naive": dict(TIGHT, cache_type="naive", num_pages=48),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -113,15 +117,20 @@ class Watch:
     def __init__(self, s: Scheduler):
         self.s, self.launched = s, {}
         self.handed_out = 0
-        forward, take, allocate, process = (s.engine.forward_batch, s.cache_manager._take,
-                                            s.table_manager.allocate, s._process)
+        forward, take, allocate, process = (
+            s.engine.forward_batch,
+            s.cache_manager._take,
+            s.table_manager.allocate,
+            s._process,
+        )
 
         def forward_batch(batch, *rest):  # rest: a later chapter's arguments (the mask, ch23)
             # a request past max_tokens would sample a token too many, its slot unreserved
             assert all(r.can_decode for r in batch.reqs), "a request launched at max_tokens"
             page_table, size = s.engine.page_table, s.page_size
-            pages = {int(p) // size for r in batch.reqs
-                     for p in page_table[r.table_idx, : r.device_len]}
+            pages = {
+                int(p) // size for r in batch.reqs for p in page_table[r.table_idx, : r.device_len]
+            }
             self.launched[id(batch)] = (pages, {r.table_idx for r in batch.reqs})
             return forward(batch, *rest)
 
@@ -145,8 +154,9 @@ class Watch:
 
     def _check(self, given: Set[int], kind: int, name: str) -> None:
         for reads in self.launched.values():
-            assert not given & reads[kind], f"{name} {given & reads[kind]} handed out while " \
-                                            "a launched batch reads it"
+            assert not given & reads[kind], (
+                f"{name} {given & reads[kind]} handed out while a launched batch reads it"
+            )
         self.handed_out += len(given)
 
 
@@ -161,8 +171,7 @@ def test_no_row_or_page_handed_out_while_a_launched_batch_reads_it(tiny_models, 
     assert watch.launched == {} and watch.handed_out > s.cache_manager.num_pages  # reused
 
 
-def test_duplicate_pages_freed_under_a_launched_batch_are_not_handed_out_while_it_runs(
-        tiny_models):
+def test_duplicate_pages_freed_under_a_launched_batch_are_not_handed_out_while_it_runs(tiny_models):
     """Two requests with one prefix, admitted in one batch: neither finds it cached. When the
     second's prompt is cached, the first's is in the tree already, so its own pages of the prefix
     are duplicates: its row is pointed at the tree's and they are freed, while the batch launched
@@ -172,8 +181,14 @@ def test_duplicate_pages_freed_under_a_launched_batch_are_not_handed_out_while_i
     shared = list(range(10, 18))  # two whole pages of 4
     prompts = [shared + [40, 41], shared + [50, 51], [60, 61, 62]]
     params = [SamplingParams(max_tokens=10, ignore_eos=True) for _ in prompts]
-    s = make(tiny_models["llama3"], True, page_size=4, num_pages=12, max_running_req=3,
-             max_extend_tokens=64)
+    s = make(
+        tiny_models["llama3"],
+        True,
+        page_size=4,
+        num_pages=12,
+        max_running_req=3,
+        max_extend_tokens=64,
+    )
     watch, cm = Watch(s), s.cache_manager
     free, freed_while_read = cm._free, []
 
@@ -214,8 +229,12 @@ def test_a_request_finished_in_the_lagged_step_is_given_back_once(tiny_models):
             assert s._in_flight is not None and req in s._in_flight.batch.reqs
             assert given_back[req.uid] == 0 and req.table_idx >= 0  # not yet: it may read them
     assert req.output_ids == ref[:3] and given_back == {req.uid: 1} and req.table_idx == -1
-    assert phases == [("prefill", [0], []), ("decode", [0], []), ("decode", [0], [0]),
-                      ("decode", [], [])]  # the lagged batch: its token dropped
+    assert phases == [
+        ("prefill", [0], []),
+        ("decode", [0], []),
+        ("decode", [0], [0]),
+        ("decode", [], []),
+    ]  # the lagged batch: its token dropped
     assert_pages_all_back(s)
 
 
@@ -269,7 +288,8 @@ def test_aborts_in_the_scheduler_loop_with_overlap(tiny_models):
     assert not any(m.finished for u in (0, 1) for m in got[u])
     for uid in (2, 4, 5):
         assert [(m.next_token, m.finished, m.finish_reason) for m in got[uid]] == [
-            (m.next_token, m.finished, m.finish_reason) for m in ref[uid]]
+            (m.next_token, m.finished, m.finish_reason) for m in ref[uid]
+        ]
 
 
 def test_llm_generate_with_overlap_on_and_off(tiny_models):
@@ -297,21 +317,32 @@ def test_the_server_scheduler_process_with_overlap_on_and_off(tiny_models, overl
     ref = llm.generate(prompts, params)
     llm.shutdown()
     with Workers() as workers:
-        recv = ZmqPullQueue(workers.addr("frontend"), create=True,
-                            decoder=BaseFrontendMsg.decoder)
-        workers.start("scheduler", run_scheduler,
-                      config=SchedulerConfig(str(path), device="cpu", overlap_scheduling=overlap),
-                      backend_addr=workers.addr("scheduler"),
-                      detokenizer_addr=workers.addr("tokenizer"))
-        workers.start("tokenizer", tokenizer_worker, model_path=str(path),
-                      inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
-                      frontend_addr=workers.addr("frontend"))
+        recv = ZmqPullQueue(workers.addr("frontend"), create=True, decoder=BaseFrontendMsg.decoder)
+        workers.start(
+            "scheduler",
+            run_scheduler,
+            config=SchedulerConfig(str(path), device="cpu", overlap_scheduling=overlap),
+            backend_addr=workers.addr("scheduler"),
+            detokenizer_addr=workers.addr("tokenizer"),
+        )
+        workers.start(
+            "tokenizer",
+            tokenizer_worker,
+            model_path=str(path),
+            inbox_addr=workers.addr("tokenizer"),
+            backend_addr=workers.addr("scheduler"),
+            frontend_addr=workers.addr("frontend"),
+        )
         workers.wait_ready(timeout=60)
-        send = ZmqPushQueue(workers.addr("tokenizer"), create=False,
-                            encoder=BaseTokenizerMsg.encoder)
+        send = ZmqPushQueue(
+            workers.addr("tokenizer"), create=False, encoder=BaseTokenizerMsg.encoder
+        )
         try:
-            send.put(BatchTokenizerMsg([TokenizeMsg(i, p, sp) for i, (p, sp) in
-                                        enumerate(zip(prompts, params))]))
+            send.put(
+                BatchTokenizerMsg(
+                    [TokenizeMsg(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+                )
+            )
             tokens: Dict[int, List[int]] = collections.defaultdict(list)
             open_uids = {0, 1, 2}
             while open_uids:

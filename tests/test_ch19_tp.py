@@ -17,8 +17,9 @@ from helpers import START_TIMEOUT, greedy
 DENSE = [name for name in tiny_models.FAMILIES if "moe" not in name]  # MoE: chapter 20
 PROMPTS = [[3, 1, 4, 1, 5, 9, 2, 6], [2, 7, 1, 8], list(range(30, 50)), [17]]
 LENGTHS = [9, 3, 12, 6]  # requests leave at different steps: the batch shrinks on every rank
-OPTIONS = dict(device="cpu", page_size=4, num_pages=128, max_running_req=4,
-               max_extend_tokens=16)  # the 20-token prompt runs in two chunks
+OPTIONS = dict(
+    device="cpu", page_size=4, num_pages=128, max_running_req=4, max_extend_tokens=16
+)  # the 20-token prompt runs in two chunks
 
 
 @pytest.fixture
@@ -69,26 +70,36 @@ def test_shard_cuts_each_tensor_as_its_layer_holds_it(two_ranks):
     from minisgl.models.weight import shard
 
     t = torch.arange(8 * 6.0).reshape(8, 6)
-    rows = ["model.layers.0.self_attn.q_proj.weight", "model.layers.1.self_attn.v_proj.bias",
-            "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.experts.3.gate_proj.weight"]
-    cols = ["model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight",
-            "model.layers.1.mlp.experts.7.down_proj.weight"]
-    whole = ["model.layers.0.input_layernorm.weight", "model.layers.0.mlp.gate.weight",
-             "model.norm.weight"]
+    rows = [
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.1.self_attn.v_proj.bias",
+        "model.layers.0.mlp.up_proj.weight",
+        "model.layers.0.mlp.experts.3.gate_proj.weight",
+    ]
+    cols = [
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.1.mlp.experts.7.down_proj.weight",
+    ]
+    whole = [
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.mlp.gate.weight",
+        "model.norm.weight",
+    ]
     vocab = torch.arange(11 * 2.0).reshape(11, 2)  # 11 rows: 6 and 5, padded to 6
     for rank in range(2):
         set_tp_info(rank, 2)
         for name in rows:
-            assert torch.equal(shard(name, t), t[4 * rank: 4 * rank + 4]), name
+            assert torch.equal(shard(name, t), t[4 * rank : 4 * rank + 4]), name
         for name in cols:
-            assert torch.equal(shard(name, t), t[:, 3 * rank: 3 * rank + 3]), name
+            assert torch.equal(shard(name, t), t[:, 3 * rank : 3 * rank + 3]), name
         for name in whole:
             assert shard(name, t) is t, name
         for name in ("model.embed_tokens.weight", "lm_head.weight"):
             part = shard(name, vocab)
-            real = vocab[6 * rank: 6 * rank + 6]
+            real = vocab[6 * rank : 6 * rank + 6]
             assert part.shape == (6, 2) and torch.equal(part[: len(real)], real)
-            assert not part[len(real):].any()  # the padding row is zero
+            assert not part[len(real) :].any()  # the padding row is zero
 
 
 def test_the_ranks_weights_put_together_are_the_whole_model(tiny_models, two_ranks):
@@ -119,6 +130,7 @@ def _layers_on_rank(rank: int, addr: str) -> None:
     """Rank ``rank`` of 2 (a spawned process): each parallel layer on its shard, against the
     whole computation on full weights drawn from the same seed."""
     import torch.nn.functional as F
+
     from minisgl.distributed import destroy_distributed, init_distributed, min_across_ranks
     from minisgl.layers.embedding import ParallelLMHead, VocabParallelEmbedding
     from minisgl.layers.linear import LinearColParallel, LinearRowParallel
@@ -171,7 +183,7 @@ def test_tp2_greedy_tokens_equal_one_rank(tiny_models, family):
     want, want_again = _generate(one), one.generate([PROMPTS[1]], greedy(5))
     one.shutdown()
     two = LLM(str(tiny_models[family]), tp_size=2, **OPTIONS)
-    followers = list(two._followers)
+    followers = list(two._workers.procs.values())
     try:
         assert _generate(two) == want
         assert two.generate([PROMPTS[1]], greedy(5)) == want_again  # the ranks stay in step
@@ -182,6 +194,7 @@ def test_tp2_greedy_tokens_equal_one_rank(tiny_models, family):
 
 def test_a_model_that_does_not_split_fails_and_leaves_no_rank(tiny_models):
     import torch.distributed as dist
+
     from minisgl.llm import LLM
 
     with pytest.raises(ValueError, match="not evenly divisible by 3"):  # 4 query heads
@@ -192,9 +205,10 @@ def test_a_model_that_does_not_split_fails_and_leaves_no_rank(tiny_models):
 
 
 def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
+    from test_ch13_server import Server
+
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
-    from test_ch13_server import Server
 
     model = tiny_models["qwen2bytes"]
     one = LLM(str(model), device="cpu", page_size=4, num_pages=256)
@@ -205,12 +219,22 @@ def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
     try:
         client = srv.client()
         for prompt, ref in zip(prompts, refs):
-            out = client.completions.create(model="m", prompt=prompt, max_tokens=10,
-                                            temperature=0, extra_body={"ignore_eos": True})
+            out = client.completions.create(
+                model="m",
+                prompt=prompt,
+                max_tokens=10,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
             assert out.choices[0].text == ref["text"]
         stream = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
-            temperature=0, stream=True, extra_body={"ignore_eos": True})
+            model="m",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         reasons = [c.choices[0].finish_reason for c in stream if c.choices]
         assert reasons[-1] == "length"
         follower = srv.worker_pid("scheduler-1")
@@ -222,12 +246,12 @@ def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
         os.kill(follower, 0)  # rank 1's process is gone too
 
 
-
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (NCCL)")
 def test_one_rank_through_nccl_gives_the_tokens_of_no_group(tiny_models, tmp_path):
     """On one GPU: the process group is NCCL's, its collectives run (a sum and a gather of one
     rank), and the engine built inside the group gives the tokens of one built without."""
     import torch.distributed as dist
+
     from minisgl.distributed import destroy_distributed, init_distributed, min_across_ranks
     from minisgl.llm import LLM
 

@@ -22,16 +22,26 @@ from helpers import ROOT, benchmark_module
 BENCHMARK = ROOT / "benchmark"
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # conftest sets it on a machine w/o GPU
-interpreted = pytest.mark.skipif(not (HAS_TRITON and INTERPRETED),
-                                 reason="runs on the CPU: needs Triton's interpreter")
-pytestmark = pytest.mark.skipif(not (BENCHMARK / "bench_moe.py").exists(),
-                                reason="benchmark/ is not part of a chapter's tree")
+interpreted = pytest.mark.skipif(
+    not (HAS_TRITON and INTERPRETED), reason="runs on the CPU: needs Triton's interpreter"
+)
+pytestmark = pytest.mark.skipif(
+    not (BENCHMARK / "bench_moe.py").exists(), reason="benchmark/ is not part of a chapter's tree"
+)
 
 
 def _config(block_m: int, block_n: int, block_k: int, group_m: int) -> Dict[int, dict]:
     """One config for every batch size."""
-    return {1: dict(BLOCK_SIZE_M=block_m, BLOCK_SIZE_N=block_n, BLOCK_SIZE_K=block_k,
-                    GROUP_SIZE_M=group_m, num_warps=4, num_stages=2)}
+    return {
+        1: dict(
+            BLOCK_SIZE_M=block_m,
+            BLOCK_SIZE_N=block_n,
+            BLOCK_SIZE_K=block_k,
+            GROUP_SIZE_M=group_m,
+            num_warps=4,
+            num_stages=2,
+        )
+    }
 
 
 # ---- the published configs and the choice among them ----------------------------------------
@@ -51,8 +61,10 @@ def test_configs_are_the_published_h200_file_keyed_by_batch_size() -> None:
             assert config[tile] >= 16 and config[tile] & (config[tile] - 1) == 0
 
 
-@pytest.mark.parametrize("tokens,key", [(1, 1), (3, 2), (5, 4), (20, 16), (21, 24), (700, 512),
-                                        (800, 1024), (16384, 4096)])
+@pytest.mark.parametrize(
+    "tokens,key",
+    [(1, 1), (3, 2), (5, 4), (20, 16), (21, 24), (700, 512), (800, 1024), (16384, 4096)],
+)
 def test_a_batch_takes_the_config_of_the_nearest_batch_size(tokens: int, key: int) -> None:
     moe_baseline = benchmark_module("moe_baseline")
     configs = moe_baseline.load_configs()
@@ -72,8 +84,9 @@ CASES = {
 }
 
 
-def _layer(tokens: int, experts: int, hidden: int, inter: int,
-           seed: int) -> tuple[torch.Tensor, ...]:
+def _layer(
+    tokens: int, experts: int, hidden: int, inter: int, seed: int
+) -> tuple[torch.Tensor, ...]:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(tokens, hidden, generator=gen)
     w1 = torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5
@@ -96,7 +109,7 @@ def test_tuned_baseline_matches_the_reference(name: str, renormalize: bool) -> N
     tokens, experts, topk, hidden, inter, configs = CASES[name]
     x, w1, w2, gating = _layer(tokens, experts, hidden, inter, seed=len(name))
     if name == "experts with no token":
-        gating[:, experts // 2:] -= 20.0  # the upper half is never chosen
+        gating[:, experts // 2 :] -= 20.0  # the upper half is never chosen
         assert select_experts(gating, topk, renormalize)[1].max() < experts // 2
     baseline = benchmark_module("moe_baseline").TunedBaselineMoe(configs)
     out = baseline.forward(x, w1, w2, gating, topk, renormalize)
@@ -112,8 +125,11 @@ def test_tuned_baseline_all_tokens_to_the_same_experts() -> None:
 
     x, w1, w2, gating = _layer(40, 8, 64, 32, seed=3)
     gating[:, [2, 5]] += 30.0
-    out = benchmark_module("moe_baseline").TunedBaselineMoe(_config(16, 32, 64, 2)).forward(
-        x, w1, w2, gating, 2, True)
+    out = (
+        benchmark_module("moe_baseline")
+        .TunedBaselineMoe(_config(16, 32, 64, 2))
+        .forward(x, w1, w2, gating, 2, True)
+    )
     ref = TorchMoeBackend().forward(x, w1, w2, gating, 2, True)
     assert _relative_error(out, ref) < 1e-5
 
@@ -128,8 +144,11 @@ def test_tuned_baseline_near_the_worst_case_of_tiles() -> None:
     pair = torch.arange(68) % 4
     gating[torch.arange(68), 2 * pair] += 20.0  # token t: experts 2(t % 4) and 2(t % 4) + 1
     gating[torch.arange(68), 2 * pair + 1] += 19.0
-    out = benchmark_module("moe_baseline").TunedBaselineMoe(_config(16, 32, 32, 3)).forward(
-        x, w1, w2, gating, 2, True)
+    out = (
+        benchmark_module("moe_baseline")
+        .TunedBaselineMoe(_config(16, 32, 32, 3))
+        .forward(x, w1, w2, gating, 2, True)
+    )
     ref = TorchMoeBackend().forward(x, w1, w2, gating, 2, True)
     assert _relative_error(out, ref) < 1e-5
 
@@ -147,15 +166,25 @@ def test_grouped_gemm_computes_every_tile_of_a_short_last_group(group_m: int) ->
     topk_ids = torch.tensor([[t % experts, (t + 1) % experts] for t in range(44)])  # 22 each
     sorted_ids, expert_ids = moe_align_block_size(topk_ids, block_m, experts)
     assert expert_ids.numel() == 8  # two tiles per expert, the second holding 6 pairs
-    sorted_ids, expert_ids = sorted_ids[:7 * block_m], expert_ids[:7]  # leave out the last
+    sorted_ids, expert_ids = sorted_ids[: 7 * block_m], expert_ids[:7]  # leave out the last
     num_padded = torch.tensor([7 * block_m], dtype=torch.int32)
     a = torch.randn(44, 40, generator=gen)
     b = torch.randn(experts, 48, 40, generator=gen)  # N = 48: three blocks of 16
     c = torch.full((88, 48), float("nan"))
     weights = torch.ones(88)
     grouped_gemm = benchmark_module("moe_baseline").grouped_gemm
-    grouped_gemm(a, b, c, weights, sorted_ids, expert_ids, num_padded, topk, False,
-                 _config(block_m, 16, 16, group_m)[1])
+    grouped_gemm(
+        a,
+        b,
+        c,
+        weights,
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        topk,
+        False,
+        _config(block_m, 16, 16, group_m)[1],
+    )
     computed = sorted_ids[sorted_ids < 88].long()  # the pairs of the 7 tiles given
     flat_ids = topk_ids.flatten()
     expected = torch.einsum("pk,pnk->pn", a[computed // topk], b[flat_ids[computed]])
@@ -171,12 +200,19 @@ def test_grouped_gemm_computes_every_tile_of_a_short_last_group(group_m: int) ->
 @interpreted
 def test_bench_moe_quick_runs_every_line_and_each_agrees() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(BENCHMARK / "bench_moe.py"), "--quick"],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARK / "bench_moe.py"), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("ch20 fused", "tuned baseline", "ch21 fast"):
         assert re.search(rf"^  {line} +agrees: T=1 .*T=5 .*T=33 ", result.stdout, re.M), (
-            result.stdout)
+            result.stdout
+        )
     assert "not available" not in result.stdout
 
 
@@ -193,9 +229,20 @@ def test_tune_moe_quick_writes_configs_and_keeps_other_token_counts(tmp_path) ->
     from minisgl.moe.configs import DECODE_MAX_TOKENS
 
     def tune(*extra: str) -> Dict[str, Any]:
-        r = subprocess.run([sys.executable, str(BENCHMARK / "tune_moe.py"), "--quick",
-                            "--out", str(tmp_path), *extra], capture_output=True, text=True,
-                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT / "python")))
+        r = subprocess.run(
+            [
+                sys.executable,
+                str(BENCHMARK / "tune_moe.py"),
+                "--quick",
+                "--out",
+                str(tmp_path),
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, PYTHONPATH=str(ROOT / "python")),
+        )
         assert r.returncode == 0, r.stderr
         (path,) = tmp_path.glob("*.json")
         assert path.name == "E=8,N=16,dtype=fp32,device=CPU_interpreter.json"
@@ -231,8 +278,10 @@ def test_profile_moe_padding_counts_chapter_20s_slots() -> None:
     ids = select_experts(logits, 8, True)[1]
     slots = moe_align_block_size(ids, block_m, 128)[0].numel()
     share = f"{100 * (1 - ids.numel() / slots):.1f}% padding"
-    assert padding(logits, 8, 768, torch.bfloat16) == \
-        f"BLOCK_M {block_m}: {slots} slots for {ids.numel()} pairs, {share}"
+    assert (
+        padding(logits, 8, 768, torch.bfloat16)
+        == f"BLOCK_M {block_m}: {slots} slots for {ids.numel()} pairs, {share}"
+    )
     assert padding(logits[:16], 8, 768, torch.bfloat16) == "decode path"
 
 
@@ -257,9 +306,14 @@ def test_sweep_moe_launches_quick_every_candidate_agrees() -> None:
     the plan (over one and two chunks, two programs of tiles), the scatter and the k-sum gives
     the bits of the current choice, which is among the candidates."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, str(BENCHMARK / "sweep_moe_launches.py"),
-                             "--quick"], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(BENCHMARK / "sweep_moe_launches.py"), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     for name, count in (("routing", 4), ("plan", 27), ("scatter", 4), ("k-sum", 32)):
         assert f"  {name}: {count} candidates, all agree" in result.stdout, result.stdout
@@ -275,8 +329,9 @@ def test_sweep_moe_launches_reports_a_candidate_that_disagrees(capsys) -> None:
     from minisgl.kernel import moe_routing
 
     before = moe_routing.SCATTER_WARPS
-    assert not sweep.sweep("scatter", lambda: (torch.tensor([moe_routing.SCATTER_WARPS]),),
-                           iters=1, timed=False)
+    assert not sweep.sweep(
+        "scatter", lambda: (torch.tensor([moe_routing.SCATTER_WARPS]),), iters=1, timed=False
+    )
     out = capsys.readouterr().out
     assert out.count("DISAGREES") == 3 and "NOT all agree" in out
     assert moe_routing.SCATTER_WARPS == before
@@ -285,9 +340,21 @@ def test_sweep_moe_launches_reports_a_candidate_that_disagrees(capsys) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available() or not HAS_TRITON, reason="needs CUDA")
 def test_sweep_moe_launches_times_each_sweep_on_a_gpu() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
-    result = subprocess.run([sys.executable, str(BENCHMARK / "sweep_moe_launches.py"),
-                             "--tokens", "300", "--iters", "2"], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARK / "sweep_moe_launches.py"),
+            "--tokens",
+            "300",
+            "--iters",
+            "2",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     for name in ("routing", "plan", "scatter", "k-sum"):
         assert re.search(rf"^  {name} *\* +\d+\. +[\d.]+ us", result.stdout, re.M), result.stdout

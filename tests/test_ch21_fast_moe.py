@@ -24,8 +24,9 @@ from test_ch20_moe import _literal_moe, _weights  # chapter 20's: in this tree t
 CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"  # conftest sets it on a machine w/o GPU
-interpreted = pytest.mark.skipif(not (HAS_TRITON and INTERPRETED),
-                                 reason="runs on the CPU: needs Triton's interpreter")
+interpreted = pytest.mark.skipif(
+    not (HAS_TRITON and INTERPRETED), reason="runs on the CPU: needs Triton's interpreter"
+)
 on_cuda = pytest.mark.skipif(not (CUDA and HAS_TRITON), reason="needs CUDA and Triton")
 TOL = dict(rtol=1e-5, atol=1e-6)  # fp32 in the interpreter: numpy's products, ~1e-7 apart
 
@@ -36,16 +37,20 @@ def _gemm(block_n: int, block_k: int, group_m: int = 1) -> Dict[str, int]:
 
 def _aligned(block_m: int, group_m: int = 1) -> Dict[str, Any]:
     """Small tiles, so that H=40 and I=20 are not multiples of them and each GEMM has several."""
-    return dict(path="aligned", BLOCK_M=block_m, gate_up=_gemm(16, 16, group_m),
-                down=_gemm(16, 16, group_m))
+    return dict(
+        path="aligned", BLOCK_M=block_m, gate_up=_gemm(16, 16, group_m), down=_gemm(16, 16, group_m)
+    )
 
 
 DECODE = dict(path="decode", gate_up=_gemm(16, 16), down=_gemm(16, 16))
 
 
 def _tail_split(config: Dict[str, Any], split: int) -> Dict[str, Any]:
-    return dict(config, gate_up=dict(config["gate_up"], TAIL_SPLIT=split),
-                down=dict(config["down"], TAIL_SPLIT=split))
+    return dict(
+        config,
+        gate_up=dict(config["gate_up"], TAIL_SPLIT=split),
+        down=dict(config["down"], TAIL_SPLIT=split),
+    )
 
 
 def _gating(tokens: int, num_experts: int, hot: int | None = None) -> torch.Tensor:
@@ -64,7 +69,14 @@ def _next_power_of_2(n: int) -> int:
 
 
 ROUTE_CASES = [  # tokens, experts, k: T=1, T past a routing block of 16, E not a power of 2,
-    (1, 8, 2), (16, 8, 2), (17, 6, 2), (37, 5, 1), (33, 6, 6), (9, 3, 3), (40, 128, 8)]
+    (1, 8, 2),
+    (16, 8, 2),
+    (17, 6, 2),
+    (37, 5, 1),
+    (33, 6, 6),
+    (9, 3, 3),
+    (40, 128, 8),
+]
 
 
 @interpreted
@@ -84,7 +96,7 @@ def test_route_matches_select_experts(tokens, num_experts, topk, renormalize) ->
     blocks = -(-tokens // ROUTE_BLOCK_T)
     assert block_counts.shape == (blocks, _next_power_of_2(num_experts))
     for b in range(blocks):  # each block's pairs per expert; none for the columns past E
-        block_ids = ids[b * ROUTE_BLOCK_T:(b + 1) * ROUTE_BLOCK_T].flatten().long()
+        block_ids = ids[b * ROUTE_BLOCK_T : (b + 1) * ROUTE_BLOCK_T].flatten().long()
         want = torch.bincount(block_ids, minlength=block_counts.shape[1])
         assert block_counts[b].tolist() == want.tolist()
 
@@ -112,8 +124,9 @@ def test_route_breaks_ties_by_the_lowest_expert_and_handles_a_hot_expert() -> No
     the largest: every token's first choice, weight ~1."""
     from minisgl.kernel.moe_routing import route
 
-    gating = torch.tensor([[1.0, 2.0, 2.0, 0.5, 2.0], [0.0, 0.0, 0.0, 0.0, 0.0],
-                           [3.0, -1.0, 3.0, 3.0, -1.0]])
+    gating = torch.tensor(
+        [[1.0, 2.0, 2.0, 0.5, 2.0], [0.0, 0.0, 0.0, 0.0, 0.0], [3.0, -1.0, 3.0, 3.0, -1.0]]
+    )
     _, ids, _ = route(gating, 3, True)
     assert ids.tolist() == [[1, 2, 4], [0, 1, 2], [0, 2, 3]]
     torch.manual_seed(0)
@@ -125,8 +138,12 @@ def test_route_breaks_ties_by_the_lowest_expert_and_handles_a_hot_expert() -> No
 # ---- alignment --------------------------------------------------------------------------------
 
 
-def _check_alignment(ids: torch.Tensor, num_experts: int, block_m: int,
-                     aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> None:
+def _check_alignment(
+    ids: torch.Tensor,
+    num_experts: int,
+    block_m: int,
+    aligned: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> None:
     """Chapter 21's alignment against chapter 20's: the same slots and tiles; the buffers sized
     for the worst case; -1 for every tile past the used ones."""
     from minisgl.kernel.moe_routing import max_tiles
@@ -146,11 +163,13 @@ def _check_alignment(ids: torch.Tensor, num_experts: int, block_m: int,
     assert (expert_ids[tiles:] == -1).all()
 
 
-def _align_ids(ids: torch.Tensor, num_experts: int,
-               block_m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _align_ids(
+    ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``align`` for expert ids given here rather than routed by ``route``: each block of
     ROUTE_BLOCK_T tokens' pair count per expert, as ``route`` counts them, then ``align``."""
     import triton
+
     from minisgl.kernel.moe_routing import ROUTE_BLOCK_T, align
 
     ids = ids.to(torch.int32).contiguous()
@@ -183,9 +202,17 @@ def test_align_edge_cases_match_chapter_20(case: str) -> None:
 
 
 @interpreted
-@pytest.mark.parametrize("tokens, num_experts, topk, block_m", [
-    (1, 8, 2, 16), (17, 6, 2, 16), (40, 128, 8, 16), (50, 5, 3, 64), (33, 8, 1, 4),
-    (600, 6, 2, 16)])
+@pytest.mark.parametrize(
+    "tokens, num_experts, topk, block_m",
+    [
+        (1, 8, 2, 16),
+        (17, 6, 2, 16),
+        (40, 128, 8, 16),
+        (50, 5, 3, 64),
+        (33, 8, 1, 4),
+        (600, 6, 2, 16),
+    ],
+)
 def test_route_then_align_matches_chapter_20(tokens, num_experts, topk, block_m) -> None:
     from minisgl.kernel.moe_routing import align, route
 
@@ -196,8 +223,7 @@ def test_route_then_align_matches_chapter_20(tokens, num_experts, topk, block_m)
 
 @interpreted
 @pytest.mark.parametrize("chunk_b, tile_chunk", [(4, 8), (8, 16), (64, 256)])
-def test_the_plan_split_over_programs_matches_chapter_20(chunk_b, tile_chunk,
-                                                         monkeypatch) -> None:
+def test_the_plan_split_over_programs_matches_chapter_20(chunk_b, tile_chunk, monkeypatch) -> None:
     """600 tokens are 38 blocks of 16: in chunks of 4 that is 10 chunks, read by the plan 4 a
     step (the last step part-filled), and 80 tiles, 8 a program; every program's share must
     land where one program would put it."""
@@ -209,8 +235,7 @@ def test_the_plan_split_over_programs_matches_chapter_20(chunk_b, tile_chunk,
     torch.manual_seed(1)
     for tokens, num_experts, topk, block_m in ((600, 6, 2, 16), (600, 40, 4, 4)):
         _, ids, block_counts = route(_gating(tokens, num_experts), topk, True)
-        _check_alignment(ids, num_experts, block_m,
-                         align(ids, block_counts, num_experts, block_m))
+        _check_alignment(ids, num_experts, block_m, align(ids, block_counts, num_experts, block_m))
 
 
 def _routings() -> Any:
@@ -230,8 +255,11 @@ def _routings() -> Any:
         else:
             top = num_experts if kind == "random" else min(num_experts, 2)
             expert = st.integers(0, top - 1)
-            rows = draw(st.lists(st.lists(expert, min_size=topk, max_size=topk),
-                                 min_size=tokens, max_size=tokens))
+            rows = draw(
+                st.lists(
+                    st.lists(expert, min_size=topk, max_size=topk), min_size=tokens, max_size=tokens
+                )
+            )
         return rows, num_experts, block_m
 
     return routing()
@@ -240,11 +268,16 @@ def _routings() -> Any:
 @interpreted
 def test_alignment_never_needs_more_than_max_tiles() -> None:
     from hypothesis import HealthCheck, given, settings
+
     from minisgl.kernel.moe_routing import max_tiles
     from minisgl.moe.fused import moe_align_block_size
 
-    @settings(max_examples=40, deadline=None, derandomize=True,
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(_routings())
     def check(case: tuple[List[List[int]], int, int]) -> None:
         rows, num_experts, block_m = case
@@ -275,8 +308,9 @@ def test_max_tiles_is_the_worst_case() -> None:
 # ---- the two GEMMs ----------------------------------------------------------------------------
 
 
-def _sorted_pairs(tokens: int, num_experts: int, topk: int, block_m: int,
-                  hot: int | None = None) -> tuple[torch.Tensor, ...]:
+def _sorted_pairs(
+    tokens: int, num_experts: int, topk: int, block_m: int, hot: int | None = None
+) -> tuple[torch.Tensor, ...]:
     """A routing (weights [T*k]) and its alignment, and for every used slot its pair and expert
     (the pair is num_pairs in the padding)."""
     from minisgl.kernel.moe_routing import align, route
@@ -285,14 +319,25 @@ def _sorted_pairs(tokens: int, num_experts: int, topk: int, block_m: int,
     sorted_ids, expert_ids, num_padded = align(ids, block_counts, num_experts, block_m)
     used = int(num_padded.item())
     slot_expert = expert_ids.repeat_interleave(block_m)[:used].long()
-    return weights.view(-1), sorted_ids, expert_ids, num_padded, sorted_ids[:used].long(), \
-        slot_expert
+    return (
+        weights.view(-1),
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        sorted_ids[:used].long(),
+        slot_expert,
+    )
 
 
 GEMM_CASES = [  # tokens, experts, k, block_m, group_m, hot expert
-    (1, 8, 2, 16, 1, None), (19, 6, 2, 16, 4, None), (37, 5, 3, 16, 2, None),
-    (21, 6, 2, 4, 3, 2), (70, 8, 2, 64, 1, None), (150, 4, 2, 32, 2, 1),  # tails of every
-    (300, 6, 2, 64, 3, None)]  # size: of 64 rows, last tiles of 14 to 24 pairs, and 32 to 39
+    (1, 8, 2, 16, 1, None),
+    (19, 6, 2, 16, 4, None),
+    (37, 5, 3, 16, 2, None),
+    (21, 6, 2, 4, 3, 2),
+    (70, 8, 2, 64, 1, None),
+    (150, 4, 2, 32, 2, 1),  # tails of every
+    (300, 6, 2, 64, 3, None),
+]  # size: of 64 rows, last tiles of 14 to 24 pairs, and 32 to 39
 TAIL_SPLITS = [1, 2, 4]  # 2, 4: a last tile computes the half or quarter that holds its pairs
 
 
@@ -305,8 +350,9 @@ def _gemm_config(group_m: int, block_m: int, split: int) -> Dict[str, Any]:
 @interpreted
 @pytest.mark.parametrize("split", TAIL_SPLITS)
 @pytest.mark.parametrize("tokens, num_experts, topk, block_m, group_m, hot", GEMM_CASES)
-def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m, hot,
-                                    split) -> None:
+def test_gate_up_silu_matches_torch(
+    tokens, num_experts, topk, block_m, group_m, hot, split
+) -> None:
     """Every used slot: silu(x @ gate.T) * (x @ up.T) of its pair's token and its tile's expert;
     zeros in the padding that is computed (a split tail's padding part is not).
     GROUP_M > 1 swizzles the tiles: each must still be computed once."""
@@ -316,7 +362,8 @@ def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m,
     x = torch.randn(tokens, 40)
     w1, _ = _weights(num_experts, 40, 20)
     _, sorted_ids, expert_ids, num_padded, pairs, experts = _sorted_pairs(
-        tokens, num_experts, topk, block_m, hot)
+        tokens, num_experts, topk, block_m, hot
+    )
     h = torch.full((sorted_ids.numel(), 20), float("nan"))
     config = _gemm_config(group_m, block_m, split)
     gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, topk, config)
@@ -326,13 +373,12 @@ def test_gate_up_silu_matches_torch(tokens, num_experts, topk, block_m, group_m,
     up = torch.einsum("sh,sih->si", rows, w1[experts, 20:])
     want = torch.where(real[:, None], F.silu(gate) * up, 0.0)
     written = _computed_slots(pairs, block_m, tokens * topk, split)
-    torch.testing.assert_close(h[:pairs.numel()][written], want[written], **TOL)
+    torch.testing.assert_close(h[: pairs.numel()][written], want[written], **TOL)
     assert written[real].all()
-    assert h[:pairs.numel()][~written].isnan().all()  # the halves skipped were never computed
+    assert h[: pairs.numel()][~written].isnan().all()  # the halves skipped were never computed
 
 
-def _computed_slots(pairs: torch.Tensor, block_m: int, num_pairs: int,
-                    split: int) -> torch.Tensor:
+def _computed_slots(pairs: torch.Tensor, block_m: int, num_pairs: int, split: int) -> torch.Tensor:
     """Per used slot: whether its tile computes it. A tile whose pairs number at most
     block_m / 4 (split 4) or / 2 (split 2 or 4) computes that many rows, others all."""
     in_tile = (pairs < num_pairs).view(-1, block_m).sum(dim=1)
@@ -352,11 +398,13 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot, sp
     torch.manual_seed(tokens + 1)
     _, w2 = _weights(num_experts, 40, 20)
     weights, sorted_ids, expert_ids, num_padded, pairs, experts = _sorted_pairs(
-        tokens, num_experts, topk, block_m, hot)
+        tokens, num_experts, topk, block_m, hot
+    )
     h = torch.randn(sorted_ids.numel(), 20)
     y = torch.full((tokens * topk, 40), float("nan"))
-    down(h, w2, y, weights, sorted_ids, expert_ids, num_padded,
-         _gemm_config(group_m, block_m, split))
+    down(
+        h, w2, y, weights, sorted_ids, expert_ids, num_padded, _gemm_config(group_m, block_m, split)
+    )
     real = pairs < tokens * topk
     want = torch.empty_like(y)
     slots = real.nonzero().squeeze(1)
@@ -364,8 +412,6 @@ def test_down_matches_torch(tokens, num_experts, topk, block_m, group_m, hot, sp
     want[pairs[slots]] = weights[pairs[slots], None] * rows
     assert real.sum() == tokens * topk  # every pair has one slot
     torch.testing.assert_close(y, want, **TOL)
-
-
 
 
 @interpreted
@@ -406,16 +452,26 @@ def test_tail_splits_refuse_parts_too_short(block_m, split) -> None:
     w1, _ = _weights(4, 40, 20)
     h = torch.empty(sorted_ids.numel(), 20)
     with pytest.raises(ValueError, match=f"got {split} with BLOCK_M {block_m}"):
-        gate_up_silu(torch.randn(5, 40), w1, h, sorted_ids, expert_ids, num_padded, 2,
-                     dict(_gemm(16, 16), TAIL_SPLIT=split))
+        gate_up_silu(
+            torch.randn(5, 40),
+            w1,
+            h,
+            sorted_ids,
+            expert_ids,
+            num_padded,
+            2,
+            dict(_gemm(16, 16), TAIL_SPLIT=split),
+        )
 
 
 @interpreted
 @pytest.mark.parametrize("block_t, block_h", [(1, 1024), (8, 256), (4, 128)])
-@pytest.mark.parametrize("tokens, topk, hidden",
-                         [(1, 1, 8), (19, 3, 300), (8, 8, 256), (3, 2, 1100)])
-def test_sum_choices_adds_each_tokens_k_rows(tokens, topk, hidden, block_t, block_h,
-                                             monkeypatch) -> None:
+@pytest.mark.parametrize(
+    "tokens, topk, hidden", [(1, 1, 8), (19, 3, 300), (8, 8, 256), (3, 2, 1100)]
+)
+def test_sum_choices_adds_each_tokens_k_rows(
+    tokens, topk, hidden, block_t, block_h, monkeypatch
+) -> None:
     """The chosen tile (1 token by 1,024 columns) and two others the sweep tries, with T past a
     tile of tokens and H past a tile of columns."""
     from minisgl.kernel import fused_moe
@@ -432,12 +488,25 @@ def test_sum_choices_adds_each_tokens_k_rows(tokens, topk, hidden, block_t, bloc
 
 
 BACKEND_CASES = [  # tokens, experts, k, hot expert: T=1, experts with no token, all to one,
-    (1, 8, 1, None), (1, 6, 2, None), (5, 8, 2, 3), (16, 6, 3, None), (17, 8, 2, None),
-    (37, 6, 2, 5), (40, 5, 1, None), (23, 8, 8, None)]  # T past the block, k=E
+    (1, 8, 1, None),
+    (1, 6, 2, None),
+    (5, 8, 2, 3),
+    (16, 6, 3, None),
+    (17, 8, 2, None),
+    (37, 6, 2, 5),
+    (40, 5, 1, None),
+    (23, 8, 8, None),
+]  # T past the block, k=E
 
 
-def _run_backend(config: Dict[str, Any] | None, tokens: int, num_experts: int, topk: int,
-                 hot: int | None, renormalize: bool) -> None:
+def _run_backend(
+    config: Dict[str, Any] | None,
+    tokens: int,
+    num_experts: int,
+    topk: int,
+    hot: int | None,
+    renormalize: bool,
+) -> None:
     from minisgl.moe.sync_free import SyncFreeMoeBackend
     from minisgl.moe.torch_backend import TorchMoeBackend
 
@@ -452,34 +521,42 @@ def _run_backend(config: Dict[str, Any] | None, tokens: int, num_experts: int, t
     assert got.shape == x.shape and got.dtype == x.dtype
     want = TorchMoeBackend().forward(x, w1, w2, gating, topk, renormalize)
     torch.testing.assert_close(got, want, **TOL)
-    torch.testing.assert_close(got, _literal_moe(x, w1, w2, gating, topk, renormalize),
-                               rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        got, _literal_moe(x, w1, w2, gating, topk, renormalize), rtol=1e-5, atol=1e-5
+    )
 
 
 # renormalize reaches only `route`, which each path calls in its own way: both values for the
 # decode path and one aligned path, True for the other tile shapes (their GEMMs never see it)
 PATH_CASES = [  # the decode path only for a few tokens (DECODE_MAX_TOKENS = 16)
-    pytest.param(config, *case, renormalize,
-                 id=f"{name}-{'-'.join(map(str, case))}-{renormalize}")
-    for name, config in (("aligned16", _aligned(16, group_m=4)), ("aligned64", _aligned(64)),
-                         ("aligned64-halves", _tail_split(_aligned(64), 2)),
-                         ("aligned64-quarters", _tail_split(_aligned(64), 4)), ("decode", DECODE))
-    for case in BACKEND_CASES if name != "decode" or case[0] <= 16
-    for renormalize in ((True, False) if name in ("aligned16", "decode") else (True,))]
+    pytest.param(config, *case, renormalize, id=f"{name}-{'-'.join(map(str, case))}-{renormalize}")
+    for name, config in (
+        ("aligned16", _aligned(16, group_m=4)),
+        ("aligned64", _aligned(64)),
+        ("aligned64-halves", _tail_split(_aligned(64), 2)),
+        ("aligned64-quarters", _tail_split(_aligned(64), 4)),
+        ("decode", DECODE),
+    )
+    for case in BACKEND_CASES
+    if name != "decode" or case[0] <= 16
+    for renormalize in ((True, False) if name in ("aligned16", "decode") else (True,))
+]
 
 
 @interpreted
 @pytest.mark.parametrize("config, tokens, num_experts, topk, hot, renormalize", PATH_CASES)
-def test_forward_with_each_path_matches_the_reference(config, tokens, num_experts, topk, hot,
-                                                      renormalize) -> None:
+def test_forward_with_each_path_matches_the_reference(
+    config, tokens, num_experts, topk, hot, renormalize
+) -> None:
     _run_backend(config, tokens, num_experts, topk, hot, renormalize)
 
 
 @interpreted
-@pytest.mark.parametrize("tokens, num_experts, topk, hot", [
-    (1, 8, 2, None), (16, 8, 2, 1), (17, 8, 2, None), (50, 4, 2, 0)])
-def test_forward_picks_a_config_and_matches_the_reference(tokens, num_experts, topk,
-                                                          hot) -> None:
+@pytest.mark.parametrize(
+    "tokens, num_experts, topk, hot",
+    [(1, 8, 2, None), (16, 8, 2, 1), (17, 8, 2, None), (50, 4, 2, 0)],
+)
+def test_forward_picks_a_config_and_matches_the_reference(tokens, num_experts, topk, hot) -> None:
     _run_backend(None, tokens, num_experts, topk, hot, renormalize=True)
 
 
@@ -501,12 +578,14 @@ def test_default_config_by_pairs_per_expert() -> None:
     assert default_config(1, 8, 128)["path"] == "decode"
     assert default_config(DECODE_MAX_TOKENS, 8, 128)["path"] == "decode"
     assert default_config(DECODE_MAX_TOKENS + 1, 8, 128)["path"] == "aligned"
-    block_ms = [default_config(t, 8, 128)["BLOCK_M"]
-                for t in range(DECODE_MAX_TOKENS + 1, 20000, 97)]
+    block_ms = [
+        default_config(t, 8, 128)["BLOCK_M"] for t in range(DECODE_MAX_TOKENS + 1, 20000, 97)
+    ]
     assert block_ms == sorted(block_ms) and block_ms[0] == 16 and block_ms[-1] == 128
     for tokens in (1, 17, 100, 5000):  # no tuned file on a CPU: the heuristic
-        assert get_config(tokens, 8, 128, 768, torch.bfloat16, torch.device("cpu")) == \
-            default_config(tokens, 8, 128)
+        assert get_config(
+            tokens, 8, 128, 768, torch.bfloat16, torch.device("cpu")
+        ) == default_config(tokens, 8, 128)
 
 
 def _tuned_files() -> list:
@@ -524,8 +603,9 @@ def test_the_tuned_h200_file() -> None:
     for path in _tuned_files():
         data = json.loads(path.read_text())
         dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-        assert path.name == config_file_name(data["experts"], data["inter"],
-                                             dtype[data["dtype"]], data["device"])
+        assert path.name == config_file_name(
+            data["experts"], data["inter"], dtype[data["dtype"]], data["device"]
+        )
         keys = [int(k) for k in data["configs"]]
         assert keys == sorted(keys) and len(set(keys)) == len(keys) and keys[0] >= 1
         for config in data["configs"].values():
@@ -533,8 +613,14 @@ def test_the_tuned_h200_file() -> None:
             if config["path"] == "aligned":
                 assert config["BLOCK_M"] in (16, 32, 64, 128)
             for gemm in ("gate_up", "down"):
-                keys_known = {"BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages",
-                              "TAIL_SPLIT"}  # a key the kernels do not read would be ignored
+                keys_known = {
+                    "BLOCK_N",
+                    "BLOCK_K",
+                    "GROUP_M",
+                    "num_warps",
+                    "num_stages",
+                    "TAIL_SPLIT",
+                }  # a key the kernels do not read would be ignored
                 assert {"BLOCK_N", "BLOCK_K", "num_warps", "num_stages"} <= set(config[gemm])
                 assert set(config[gemm]) <= keys_known, config[gemm]
                 split = config[gemm].get("TAIL_SPLIT", 1)
@@ -548,8 +634,12 @@ def fake_gpu_configs(tmp_path, monkeypatch) -> Any:
     own; load_tuned's cache is emptied around the test."""
     from minisgl.moe import configs
 
-    table = {str(t): dict(path="aligned", BLOCK_M=16, tokens=t, gate_up=_gemm(16, 16),
-                          down=_gemm(16, 16)) for t in (1, 8, 64)}
+    table = {
+        str(t): dict(
+            path="aligned", BLOCK_M=16, tokens=t, gate_up=_gemm(16, 16), down=_gemm(16, 16)
+        )
+        for t in (1, 8, 64)
+    }
     name = configs.config_file_name(4, 8, torch.float32, "Fake GPU 21")
     (tmp_path / name).write_text(json.dumps({"configs": table}))
     monkeypatch.setattr(configs, "CONFIG_DIR", tmp_path)
@@ -569,12 +659,17 @@ def test_get_config_takes_the_nearest_tuned_batch_size(fake_gpu_configs) -> None
     assert [tuned_for(t) for t in (1, 3, 5, 8, 30, 40, 64, 5000)] == [1, 1, 8, 8, 8, 64, 64, 64]
     assert tuned_for(36) == 8  # halfway: the smaller
     # another shape, dtype or device has no file: the heuristic
-    for num_experts, inter, dtype in ((4, 16, torch.float32), (4, 8, torch.bfloat16),
-                                      (4, 8, torch.float64)):
-        assert configs.get_config(40, 2, num_experts, inter, dtype, cuda) == \
-            configs.default_config(40, 2, num_experts)
-    assert configs.get_config(40, 2, 4, 8, torch.float32, torch.device("cpu")) == \
-        configs.default_config(40, 2, 4)
+    for num_experts, inter, dtype in (
+        (4, 16, torch.float32),
+        (4, 8, torch.bfloat16),
+        (4, 8, torch.float64),
+    ):
+        assert configs.get_config(40, 2, num_experts, inter, dtype, cuda) == configs.default_config(
+            40, 2, num_experts
+        )
+    assert configs.get_config(
+        40, 2, 4, 8, torch.float32, torch.device("cpu")
+    ) == configs.default_config(40, 2, 4)
 
 
 def test_nearest_stays_on_the_path_of_the_token_count() -> None:
@@ -583,8 +678,12 @@ def test_nearest_stays_on_the_path_of_the_token_count() -> None:
     from minisgl.moe.configs import DECODE_MAX_TOKENS, nearest
 
     small, large = DECODE_MAX_TOKENS, 2 * DECODE_MAX_TOKENS
-    tuned = {1: dict(path="decode"), small: dict(path="decode"), large: dict(path="aligned"),
-             1024: dict(path="aligned")}
+    tuned = {
+        1: dict(path="decode"),
+        small: dict(path="decode"),
+        large: dict(path="aligned"),
+        1024: dict(path="aligned"),
+    }
     assert nearest(tuned, small + 1) is tuned[large]  # small is nearer, but on the other path
     assert nearest(tuned, small) is tuned[small] and nearest(tuned, 2) is tuned[1]
     assert nearest(tuned, 600) is tuned[1024] and nearest(tuned, 500) is tuned[large]
@@ -611,9 +710,17 @@ def test_sync_free_backend_is_registered_and_capturable() -> None:
     assert SyncFreeMoeBackend.supports_cuda_graph and not FusedMoeBackend.supports_cuda_graph
 
 
-@pytest.mark.parametrize("backend, moe, asked, want", [
-    ("sync_free", True, None, 8), ("fused", True, None, 0), ("torch", True, None, 0),
-    ("fused", False, None, 8), ("sync_free", True, 4, 4), ("fused", True, 4, 0)])
+@pytest.mark.parametrize(
+    "backend, moe, asked, want",
+    [
+        ("sync_free", True, None, 8),
+        ("fused", True, None, 0),
+        ("torch", True, None, 0),
+        ("fused", False, None, 8),
+        ("sync_free", True, 4, 4),
+        ("fused", True, 4, 0),
+    ],
+)
 def test_graph_max_bs_on_a_gpu_needs_a_capturable_moe(backend, moe, asked, want) -> None:
     """Engine._graph_max_bs with a GPU's device: an MoE model gets graphs only from a backend
     that reads nothing on the host (only the logic: no GPU is touched)."""
@@ -624,9 +731,11 @@ def test_graph_max_bs_on_a_gpu_needs_a_capturable_moe(backend, moe, asked, want)
 
     engine = SimpleNamespace(
         config=SimpleNamespace(cuda_graph_max_bs=asked, max_running_req=8),
-        device=torch.device("cuda"), attn_backend=SimpleNamespace(supports_cuda_graph=True),
+        device=torch.device("cuda"),
+        attn_backend=SimpleNamespace(supports_cuda_graph=True),
         model_config=SimpleNamespace(is_moe=moe),
-        moe_backend=create_moe_backend("cpu", backend))
+        moe_backend=create_moe_backend("cpu", backend),
+    )
     assert Engine._graph_max_bs(engine) == want
 
 
@@ -659,8 +768,15 @@ def test_tiny_qwen3_moe_with_the_sync_free_backend_matches_hf(tiny_models, famil
     path = tiny_models[family]
     prompts = ["The quick brown fox jumps over the lazy dog, and then", [7, 7, 1, 2, 9, 3]]
     assert sum(len(encode(path, p)) for p in prompts) > DECODE_MAX_TOKENS
-    llm = LLM(str(path), device="cpu", page_size=4, num_pages=256, max_running_req=8,
-              max_extend_tokens=256, moe_backend="sync_free")
+    llm = LLM(
+        str(path),
+        device="cpu",
+        page_size=4,
+        num_pages=256,
+        max_running_req=8,
+        max_extend_tokens=256,
+        moe_backend="sync_free",
+    )
     try:
         backend = llm.scheduler.engine.ctx.moe_backend
         assert isinstance(backend, SyncFreeMoeBackend)
@@ -696,12 +812,16 @@ def test_sync_free_at_qwen3_30b_a3b_shape(tokens: int) -> None:
     x, w1, w2, gating = _qwen3_30b_inputs(tokens)
     want = TorchMoeBackend().forward(x.float(), w1.float(), w2.float(), gating, 8, True)
     backend = SyncFreeMoeBackend()
-    runs = {"picked": backend.forward(x, w1, w2, gating, 8, True),
-            "aligned": backend.forward_with(default_config(max(tokens, DECODE_MAX_TOKENS + 1),
-                                                           8, 128), x, w1, w2, gating, 8, True)}
+    runs = {
+        "picked": backend.forward(x, w1, w2, gating, 8, True),
+        "aligned": backend.forward_with(
+            default_config(max(tokens, DECODE_MAX_TOKENS + 1), 8, 128), x, w1, w2, gating, 8, True
+        ),
+    }
     if tokens <= DECODE_MAX_TOKENS:
-        runs["decode"] = backend.forward_with(default_config(tokens, 8, 128), x, w1, w2,
-                                              gating, 8, True)
+        runs["decode"] = backend.forward_with(
+            default_config(tokens, 8, 128), x, w1, w2, gating, 8, True
+        )
     for name, got in runs.items():
         assert got.dtype == torch.bfloat16 and got.shape == (tokens, 2048)
         err = (got.float() - want).abs().max().item() / want.abs().max().item()
@@ -759,12 +879,23 @@ def test_tiny_qwen3_moe_on_cuda_with_graphs(tiny_models) -> None:
     from minisgl.llm import LLM
 
     path = tiny_models["qwen3moe"]
-    prompts = ["The quick brown fox jumps over the lazy dog, and then", [7, 7, 1, 2, 9, 3],
-               "hello world"]
+    prompts = [
+        "The quick brown fox jumps over the lazy dog, and then",
+        [7, 7, 1, 2, 9, 3],
+        "hello world",
+    ]
     tokens: dict = {}
     for backend in ("sync_free", "fused", "torch"):
-        llm = LLM(str(path), device="cuda", dtype=torch.float32, page_size=4, num_pages=256,
-                  max_running_req=8, max_extend_tokens=256, moe_backend=backend)
+        llm = LLM(
+            str(path),
+            device="cuda",
+            dtype=torch.float32,
+            page_size=4,
+            num_pages=256,
+            max_running_req=8,
+            max_extend_tokens=256,
+            moe_backend=backend,
+        )
         try:
             max_bs = llm.scheduler.engine.graph_runner.max_bs
             assert (max_bs > 0) == (backend == "sync_free"), (backend, max_bs)
@@ -772,4 +903,3 @@ def test_tiny_qwen3_moe_on_cuda_with_graphs(tiny_models) -> None:
         finally:
             llm.shutdown()
     assert tokens["sync_free"] == tokens["torch"]
-

@@ -18,8 +18,10 @@ import torch
 from helpers import ROOT, START_TIMEOUT, benchmark_module
 
 BENCHMARK = ROOT / "benchmark"
-pytestmark = pytest.mark.skipif(not (BENCHMARK / "make_checkpoint.py").exists(),
-                                reason="benchmark/ is not part of a chapter's tree")
+pytestmark = pytest.mark.skipif(
+    not (BENCHMARK / "make_checkpoint.py").exists(),
+    reason="benchmark/ is not part of a chapter's tree",
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,10 @@ def test_the_folder_holds_the_shape_and_a_tokenizer_of_its_whole_vocabulary(chec
 
 
 def test_llm_on_the_checkpoint_gives_transformers_greedy_tokens(checkpoint):
+    from transformers import AutoModelForCausalLM
+
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
-    from transformers import AutoModelForCausalLM
 
     prompts = [[5, 9, 200, 31], [7] * 3, list(range(100, 111))]
     llm = LLM(str(checkpoint), device="cpu", num_pages=256, page_size=4)
@@ -54,9 +57,15 @@ def test_llm_on_the_checkpoint_gives_transformers_greedy_tokens(checkpoint):
     ours = [out["token_ids"] for out in llm.generate(prompts, params)]
     model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     for prompt, tokens in zip(prompts, ours):
-        out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=6,
-                             min_new_tokens=6, eos_token_id=None, pad_token_id=0)
-        assert tokens == out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=6,
+            min_new_tokens=6,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        assert tokens == out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("client", ["openai", "raw"])
@@ -64,11 +73,32 @@ def test_online_py_launches_a_server_and_counts_every_token(checkpoint, client):
     """``benchmark/online.py --launch`` as chapter 22 runs it on a GPU, here on a CPU: each
     request's tokens come back (``ignore_eos``), by either client, and the server's own TTFT is
     read from its /metrics."""
-    command = [sys.executable, str(BENCHMARK / "online.py"), "--launch", str(checkpoint),
-               "--server-args", "--device cpu", "--num-prompts", "4", "--concurrency", "2",
-               "--max-input", "16", "--max-output", "3", "--client", client, "--json"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=4 * START_TIMEOUT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    command = [
+        sys.executable,
+        str(BENCHMARK / "online.py"),
+        "--launch",
+        str(checkpoint),
+        "--server-args",
+        "--device cpu",
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--max-input",
+        "16",
+        "--max-output",
+        "3",
+        "--client",
+        client,
+        "--json",
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=4 * START_TIMEOUT,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert (summary["requests"], summary["output_tokens"]) == (4, 12)
@@ -91,12 +121,20 @@ def test_profile_kinds_name_chapter_22s_kernels():
     """profile_decode.py groups kernels by name: the fused q/k norm + rotary kernel counts as
     rotary (not norm), the fused MoE kernels as MoE (not activation or elementwise)."""
     kind_of = benchmark_module("profile_decode").kind_of
-    expected = {"_qk_norm_rope_kernel": "rotary", "_add_rms_norm_kernel": "norm",
-                "_decode_split_kernel": "attention", "_decode_combine_kernel": "attention",
-                "_store_kv_kernel": "KV store", "_race_blocks_kernel": "sampling",
-                "_gate_up_silu_kernel": "MoE", "_decode_gate_up_kernel": "MoE",
-                "_down_kernel": "MoE", "_scatter_pairs_kernel": "MoE",
-                "_route_and_count_kernel": "MoE", "nvjet_sm90_tst_64x24_64x16_4x2_h_bz_TNT": "GEMM",
-                "void at::native::vectorized_elementwise_kernel<4>": "elementwise/copy",
-                "some_unknown_kernel": "other"}
+    expected = {
+        "_qk_norm_rope_kernel": "rotary",
+        "_add_rms_norm_kernel": "norm",
+        "_decode_split_kernel": "attention",
+        "_decode_combine_kernel": "attention",
+        "_store_kv_kernel": "KV store",
+        "_race_blocks_kernel": "sampling",
+        "_gate_up_silu_kernel": "MoE",
+        "_decode_gate_up_kernel": "MoE",
+        "_down_kernel": "MoE",
+        "_scatter_pairs_kernel": "MoE",
+        "_route_and_count_kernel": "MoE",
+        "nvjet_sm90_tst_64x24_64x16_4x2_h_bz_TNT": "GEMM",
+        "void at::native::vectorized_elementwise_kernel<4>": "elementwise/copy",
+        "some_unknown_kernel": "other",
+    }
     assert {name: kind_of(name) for name in expected} == expected

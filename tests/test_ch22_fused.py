@@ -20,6 +20,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from helpers import greedy, hf_greedy  # noqa: E402
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.engine.fused_sampler import FusedSampler  # noqa: E402
 from minisgl.engine.sample import BatchSamplingArgs  # noqa: E402
@@ -64,8 +65,9 @@ def assert_close(ours: torch.Tensor, reference: torch.Tensor, steps: int) -> Non
     torch.testing.assert_close(ours.float(), reference.float(), rtol=rtol, atol=1e-30)
 
 
-def check_add_rms_norm(rows: int, hidden: int, dtype: torch.dtype, device: str,
-                       seed: int = 0, eps: float = 1e-6) -> None:
+def check_add_rms_norm(
+    rows: int, hidden: int, dtype: torch.dtype, device: str, seed: int = 0, eps: float = 1e-6
+) -> None:
     """Against ``RMSNormFused``'s torch formula: the sum within one step of the dtype, and the
     output within two of the torch norm of that sum (the kernel's own sum, so that a sum one
     step off does not add to the norm's steps)."""
@@ -122,8 +124,15 @@ def test_qk_rms_norm_at_qwen3_shapes():
 # ---- q/k norm + rotary embedding in one kernel -------------------------------------------------
 
 
-def qkv_views(num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-              dtype: torch.dtype, device: str, seed: int):
+def qkv_views(
+    num_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+):
     """q, k, v cut from one qkv tensor as the decoder cuts the merged GEMM's output: [T, heads,
     D] views whose token stride is the whole qkv row. Every third token is scaled by 1e-3, so
     that its heads' mean square is about eps and a wrong eps shows."""
@@ -143,8 +152,7 @@ def spread_positions(num_tokens: int, max_position: int, device: str) -> torch.T
 
 def norm_weights(head_dim: int, dtype: torch.dtype, device: str) -> List[torch.Tensor]:
     gen = torch.Generator().manual_seed(head_dim)
-    return [(1.0 + 0.5 * torch.randn(head_dim, generator=gen)).to(device, dtype)
-            for _ in range(2)]
+    return [(1.0 + 0.5 * torch.randn(head_dim, generator=gen)).to(device, dtype) for _ in range(2)]
 
 
 def assert_rotated_close(ours: torch.Tensor, want: torch.Tensor, steps: float) -> None:
@@ -158,9 +166,17 @@ def assert_rotated_close(ours: torch.Tensor, want: torch.Tensor, steps: float) -
     assert worst <= steps * torch.finfo(ours.dtype).eps, f"{worst:.3g} off ({ours.dtype})"
 
 
-def check_qk_norm_rope(num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-                       dtype: torch.dtype, with_norm: bool, device: str, steps: float,
-                       max_position: int = 64) -> float:
+def check_qk_norm_rope(
+    num_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    with_norm: bool,
+    device: str,
+    steps: float,
+    max_position: int = 64,
+) -> float:
     """The kernel in place on views of one qkv tensor, against ``rms_norm`` and ``_rotate``
     (the torch path): q and k within ``steps``, their storage the same, v untouched. Returns
     the share of q's and k's values that are not torch's exactly."""
@@ -189,23 +205,32 @@ def check_qk_norm_rope(num_tokens: int, num_q_heads: int, num_kv_heads: int, hea
 # rounds to nearest. With the norms, the kernel's sum of squares adds in another order than
 # torch's mean (about two steps of float32 in a normed value, times sqrt(2) in the rotation),
 # and the interpreter truncates bfloat16 at each of three roundings (norm, weight, rotation).
-ROPE_STEPS = {False: {torch.float32: 0.0, torch.bfloat16: 1.0, torch.float16: 0.0},
-              True: {torch.float32: 3.0, torch.bfloat16: 3.0, torch.float16: 1.0}}
+ROPE_STEPS = {
+    False: {torch.float32: 0.0, torch.bfloat16: 1.0, torch.float16: 0.0},
+    True: {torch.float32: 3.0, torch.bfloat16: 3.0, torch.float16: 1.0},
+}
 
 
 @pytest.mark.parametrize("with_norm", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dim", [8, 80, 128])
 @pytest.mark.parametrize("num_q_heads, num_kv_heads", [(2, 2), (6, 2), (16, 1)])
-def test_qk_norm_rope_equals_the_torch_path(num_q_heads, num_kv_heads, head_dim, dtype,
-                                            with_norm):
+def test_qk_norm_rope_equals_the_torch_path(num_q_heads, num_kv_heads, head_dim, dtype, with_norm):
     """GQA 1, 3 and 16, head dims 8, 80 (half of it not a power of two) and 128, one token and
     five, with Qwen3's q/k norms and without. float16 is rounded as torch rounds it, the
     interpreter too: where torch rounds, so must the kernel (skipping one moves about a fifth
     of the values)."""
     for num_tokens in (1, 5):
-        differ = check_qk_norm_rope(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype,
-                                    with_norm, DEVICE, ROPE_STEPS[with_norm][dtype])
+        differ = check_qk_norm_rope(
+            num_tokens,
+            num_q_heads,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            with_norm,
+            DEVICE,
+            ROPE_STEPS[with_norm][dtype],
+        )
         if dtype == torch.float16:
             assert differ < 0.01, f"{differ:.1%} of the values differ from torch's"
 
@@ -215,13 +240,28 @@ def test_qk_norm_rope_equals_the_torch_path(num_q_heads, num_kv_heads, head_dim,
 ROPE_STEPS_CUDA = {torch.float32: 3.0, torch.bfloat16: 1.0}
 
 
-def check_qk_norm_rope_on_cuda(num_tokens: int, num_q_heads: int, num_kv_heads: int,
-                               head_dim: int, dtype: torch.dtype, with_norm: bool,
-                               max_position: int = 64) -> None:
+def check_qk_norm_rope_on_cuda(
+    num_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    with_norm: bool,
+    max_position: int = 64,
+) -> None:
     """Without the q/k norms the kernel is torch's formula exactly, in either dtype."""
     steps = ROPE_STEPS_CUDA[dtype] if with_norm else 0.0
-    differ = check_qk_norm_rope(num_tokens, num_q_heads, num_kv_heads, head_dim, dtype,
-                                with_norm, "cuda", steps, max_position)
+    differ = check_qk_norm_rope(
+        num_tokens,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        dtype,
+        with_norm,
+        "cuda",
+        steps,
+        max_position,
+    )
     if dtype == torch.bfloat16:
         assert differ < 1e-3, f"{differ:.2%} of the values differ from torch's"
 
@@ -245,8 +285,9 @@ def test_qk_norm_rope_head_dims_on_cuda(num_q_heads, num_kv_heads, head_dim):
 # ---- sampling ----------------------------------------------------------------------------------
 
 
-def batch_args(params: List[SamplingParams], seeds: List[int | None] | None = None,
-               device: str = DEVICE) -> BatchSamplingArgs:
+def batch_args(
+    params: List[SamplingParams], seeds: List[int | None] | None = None, device: str = DEVICE
+) -> BatchSamplingArgs:
     args = BatchSamplingArgs.from_params(params, device)
     args.row_seeds = seeds if seeds is not None else [None] * len(params)
     return args
@@ -257,8 +298,9 @@ def chi_square(counts: torch.Tensor, expected: torch.Tensor) -> float:
     return float(((counts[keep] - expected[keep]) ** 2 / expected[keep]).sum())
 
 
-def sample_counts(sampler: FusedSampler, logits: torch.Tensor, params: SamplingParams,
-                  n: int) -> torch.Tensor:
+def sample_counts(
+    sampler: FusedSampler, logits: torch.Tensor, params: SamplingParams, n: int
+) -> torch.Tensor:
     """Counts of n draws from one row of logits repeated n times, each row unseeded."""
     args = batch_args([params] * n)
     tokens = sampler.sample(logits.to(DEVICE).expand(n, -1), args)
@@ -314,8 +356,9 @@ def test_every_block_of_a_row_races_with_its_own_noise():
 
 
 @on_cuda
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.7, -1, 1.0), (1.3, 4, 1.0),
-                                                       (1.0, -1, 0.9)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p", [(0.7, -1, 1.0), (1.3, 4, 1.0), (1.0, -1, 0.9)]
+)
 def test_frequencies_on_cuda(temperature, top_k, top_p):
     """The same at n = 100,000 draws, beside chapter 4's reference filter."""
     from test_ch04_sampling import reference_keep
@@ -332,8 +375,13 @@ def test_frequencies_on_cuda(temperature, top_k, top_p):
 
 def mixed_params(num_rows: int) -> List[SamplingParams]:
     """Greedy rows among sampled ones, some with top-k or top-p, greedy ones too."""
-    kinds = [SamplingParams(), SamplingParams(temperature=0.9), SamplingParams(top_k=3),
-             SamplingParams(temperature=1.2, top_p=0.9), SamplingParams(temperature=0.6)]
+    kinds = [
+        SamplingParams(),
+        SamplingParams(temperature=0.9),
+        SamplingParams(top_k=3),
+        SamplingParams(temperature=1.2, top_p=0.9),
+        SamplingParams(temperature=0.6),
+    ]
     return [kinds[row % len(kinds)] for row in range(num_rows)]
 
 
@@ -358,8 +406,9 @@ def test_greedy_rows_take_the_argmax(num_rows, vocab):
 
 def flat_logits(num_rows: int, vocab: int, device: str) -> torch.Tensor:
     """Near-uniform rows: any change to a row's noise changes its token, almost surely."""
-    return (0.1 * torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(7))
-            ).to(device)
+    return (0.1 * torch.randn(num_rows, vocab, generator=torch.Generator().manual_seed(7))).to(
+        device
+    )
 
 
 def check_seeded_rows_repeat(num_rows: int, vocab: int, device: str) -> None:
@@ -371,7 +420,8 @@ def check_seeded_rows_repeat(num_rows: int, vocab: int, device: str) -> None:
     first = FusedSampler(device, seed=0).sample(logits, batch_args(params, seeds, device))
     order = torch.randperm(num_rows, generator=torch.Generator().manual_seed(1)).tolist()
     shuffled = FusedSampler(device, seed=1).sample(
-        logits[order], batch_args(params, [seeds[i] for i in order], device))
+        logits[order], batch_args(params, [seeds[i] for i in order], device)
+    )
     again = torch.empty_like(shuffled).scatter_(0, torch.tensor(order, device=device), shuffled)
     seeded = torch.tensor([s is not None for s in seeds], device=device)
     assert torch.equal(again[seeded], first[seeded])
@@ -527,8 +577,9 @@ def test_the_switch_turns_the_fused_kernels_off(tiny_models, monkeypatch):
 
 
 @pytest.mark.parametrize("graphs", [False, True])
-def test_triton_backend_lengths_start_16_byte_aligned_at_any_batch_size(tiny_models,
-                                                                        graphs: bool) -> None:
+def test_triton_backend_lengths_start_16_byte_aligned_at_any_batch_size(
+    tiny_models, graphs: bool
+) -> None:
     """Triton compiles a kernel anew for a pointer argument that is not 16-byte aligned: every
     length tensor a batch of 1 to 7 requests gets starts aligned, holds the batch's values, and
     the decode batches' share the graph buffers."""
@@ -585,8 +636,10 @@ def test_a_steps_pages_land_where_a_request_by_request_loop_puts_them():
     # (row, cached_len, device_len): a prefill of two pages, decodes across a boundary and not,
     # a chunk that starts mid-page and crosses two
     spans = [(0, 0, 6), (1, 8, 9), (2, 5, 6), (3, 3, 4), (4, 12, 13), (5, 6, 17)]
-    reqs = [Req(i, list(range(end)), SamplingParams(max_tokens=1), table_idx=row,
-                cached_len=start) for i, (row, start, end) in enumerate(spans)]
+    reqs = [
+        Req(i, list(range(end)), SamplingParams(max_tokens=1), table_idx=row, cached_len=start)
+        for i, (row, start, end) in enumerate(spans)
+    ]
     expected = [[-1] * 32 for _ in range(6)]
     for row, start, end in spans:  # the literal loop
         for page_index in range(-(-start // size), -(-end // size)):
@@ -610,15 +663,16 @@ def test_a_steps_allocation_runs_as_many_tensor_operations_for_2_requests_as_for
         size = 4
         table = torch.zeros(41, 16, dtype=torch.int32)
         cache = CacheManager(200, size, table, create_prefix_cache("naive", size))
-        reqs = [Req(i, list(range(5)), SamplingParams(max_tokens=1), table_idx=i, cached_len=4)
-                for i in range(crossing)]  # position 4 starts their second page
+        reqs = [
+            Req(i, list(range(5)), SamplingParams(max_tokens=1), table_idx=i, cached_len=4)
+            for i in range(crossing)
+        ]  # position 4 starts their second page
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             cache.allocate(reqs)
         assert cache.num_free_pages == 200 - crossing
         return sum(1 for e in prof.events() if e.name.startswith("aten::"))
 
     assert operations(40) == operations(2)
-
 
 
 @triton.jit

@@ -28,8 +28,24 @@ on_cuda = pytest.mark.skipif(not CUDA, reason="needs CUDA")
 # (head_dim, query heads per KV head). Every head_dim with two groups and every group with three
 # or four head_dims: 16 of the 40 pairs. The kernels pad head_dim to a power of two >= 16 (8, 80
 # and 96 are masked) and a group to >= 16 rows (decode's BLOCK_H), so these are the edges.
-SHAPE_GRID = [(8, 16), (8, 1), (16, 3), (16, 8), (32, 5), (32, 16), (64, 1), (64, 8),
-              (80, 5), (80, 3), (96, 3), (96, 16), (128, 8), (128, 5), (256, 8), (256, 1)]
+SHAPE_GRID = [
+    (8, 16),
+    (8, 1),
+    (16, 3),
+    (16, 8),
+    (32, 5),
+    (32, 16),
+    (64, 1),
+    (64, 8),
+    (80, 5),
+    (80, 3),
+    (96, 3),
+    (96, 16),
+    (128, 8),
+    (128, 5),
+    (256, 8),
+    (256, 1),
+]
 VOCAB = 256
 MAX_POSITIONS = 128  # also bounds the default KV cache: 256 rows of 128 tokens
 NEW_TOKENS = 10
@@ -43,11 +59,22 @@ def shape_config(head_dim: int, group: int, family: str) -> Any:
     exercised), ``2 * group`` query heads, head_dim set explicitly, tiny otherwise."""
     import transformers as tf
 
-    common = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=2 * group, num_key_value_heads=2, head_dim=head_dim,
-                  max_position_embeddings=MAX_POSITIONS, vocab_size=VOCAB, rms_norm_eps=1e-6,
-                  rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=0,
-                  eos_token_id=1, pad_token_id=0)
+    common = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2 * group,
+        num_key_value_heads=2,
+        head_dim=head_dim,
+        max_position_embeddings=MAX_POSITIONS,
+        vocab_size=VOCAB,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=0,
+        eos_token_id=1,
+        pad_token_id=0,
+    )
     if family == "qwen3":  # q/k norms over head_dim: one more kernel shape
         return tf.Qwen3Config(**common)
     return tf.LlamaConfig(**common)
@@ -75,8 +102,9 @@ def make_shape_model(head_dim: int, group: int, directory: Path) -> Path:
     from transformers import AutoModelForCausalLM
 
     family = "qwen3" if (head_dim + group) % 2 else "llama"  # both families across the grid
-    model = AutoModelForCausalLM.from_config(shape_config(head_dim, group, family),
-                                             dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(
+        shape_config(head_dim, group, family), dtype=torch.float32
+    )
     randomize(model, seed=head_dim * 100 + group)
     model.save_pretrained(directory, safe_serialization=True)
     return directory
@@ -113,19 +141,23 @@ def shape_prompts(seed: int) -> Tuple[List[List[int]], List[List[int]]]:
     return first, second
 
 
-def check_engine_matches_transformers(path: Path, device: str, options: Dict[str, Any],
-                                      seed: int, check_engine: Callable[[Any], None]) -> None:
+def check_engine_matches_transformers(
+    path: Path, device: str, options: Dict[str, Any], seed: int, check_engine: Callable[[Any], None]
+) -> None:
     """Both rounds through one ``LLM`` (greedy, EOS ignored) against transformers' ``generate``
     on the same weights, token for token; then ``check_engine(engine)`` asks how it ran, before
     the engine is shut down."""
     from helpers import greedy, hf_greedy
+
     from minisgl.llm import LLM
 
     llm = LLM(str(path), device=device, **options)
     try:
         for prompts in shape_prompts(seed):
-            ours = [out["token_ids"]
-                    for out in llm.generate(prompts, [greedy(NEW_TOKENS)] * len(prompts))]
+            ours = [
+                out["token_ids"]
+                for out in llm.generate(prompts, [greedy(NEW_TOKENS)] * len(prompts))
+            ]
             theirs = hf_greedy(path, prompts, NEW_TOKENS)
             for i, (a, b) in enumerate(zip(ours, theirs)):
                 assert a == b, f"prompt {i} of {len(prompts)} (length {len(prompts[i])})"
@@ -155,22 +187,28 @@ def test_every_head_shape_gives_transformers_greedy_tokens(shape_models, head_di
         assert engine.model_config.head_dim == head_dim
         assert engine.dtype == torch.float32
 
-    check_engine_matches_transformers(shape_models[head_dim, group], "cuda",
-                                      {"cuda_graph_max_bs": 8}, head_dim + group,
-                                      on_the_default_path)
+    check_engine_matches_transformers(
+        shape_models[head_dim, group],
+        "cuda",
+        {"cuda_graph_max_bs": 8},
+        head_dim + group,
+        on_the_default_path,
+    )
 
 
 @pytest.mark.parametrize("head_dim, group", [(8, 16), (80, 5)])
 def test_the_shape_harness_on_a_cpu(shape_models, head_dim, group):
     """The same comparison on a CPU with the torch backend: the checkpoint, the two rounds and
     transformers' reference hold together (head_dim 8 and 80, below and off a power of two)."""
+
     def of_the_shape(engine: Any) -> None:
         config = engine.model_config
         assert (config.num_qo_heads, config.num_kv_heads) == (2 * group, 2)
         assert config.head_dim == head_dim and not engine.graph_runner.max_bs
 
-    check_engine_matches_transformers(shape_models[head_dim, group], "cpu",
-                                      {"attention_backend": "torch"}, 1, of_the_shape)
+    check_engine_matches_transformers(
+        shape_models[head_dim, group], "cpu", {"attention_backend": "torch"}, 1, of_the_shape
+    )
 
 
 # ---- bfloat16: the fused kernels' logits against torch's and against float32 ------------------
@@ -197,9 +235,19 @@ def make_engine(path: Path, device: str, dtype: torch.dtype, attention: str) -> 
     from minisgl.engine.engine import Engine
 
     rows, width = 16, 512
-    return Engine(EngineConfig(str(path), device=device, dtype=dtype, dummy_weights=True,
-                               num_pages=rows * width, max_running_req=rows, max_seq_len=width,
-                               attention_backend=attention, cuda_graph_max_bs=0))
+    return Engine(
+        EngineConfig(
+            str(path),
+            device=device,
+            dtype=dtype,
+            dummy_weights=True,
+            num_pages=rows * width,
+            max_running_req=rows,
+            max_seq_len=width,
+            attention_backend=attention,
+            cuda_graph_max_bs=0,
+        )
+    )
 
 
 def forward_logits(engine: Any, batch: Any) -> torch.Tensor:
@@ -216,16 +264,19 @@ def forward_logits(engine: Any, batch: Any) -> torch.Tensor:
     return logits
 
 
-def batch_logits(engine: Any, prompts: Sequence[List[int]],
-                 decode_steps: Sequence[List[int]]) -> torch.Tensor:
+def batch_logits(
+    engine: Any, prompts: Sequence[List[int]], decode_steps: Sequence[List[int]]
+) -> torch.Tensor:
     """A prefill of ``prompts`` together, then one decode step per entry of ``decode_steps`` (the
     token each request brings): all of their logits, prefill rows first, [T, V]."""
     from minisgl.core import Batch, Req, SamplingParams
 
     width = engine.page_table.shape[1]
     assert len(prompts) * width <= engine.num_pages  # every slot below lies in the pool
-    reqs = [Req(i, list(p), SamplingParams(max_tokens=len(decode_steps) + 1), table_idx=i)
-            for i, p in enumerate(prompts)]
+    reqs = [
+        Req(i, list(p), SamplingParams(max_tokens=len(decode_steps) + 1), table_idx=i)
+        for i, p in enumerate(prompts)
+    ]
     for req in reqs:  # page size 1: request i's tokens in slots i * width ...
         start = req.table_idx * width
         engine.page_table[req.table_idx] = torch.arange(start, start + width)
@@ -252,9 +303,13 @@ class FusedCalls:
         monkeypatch.setattr(fused_norm, "add_rms_norm", counted)
 
 
-def three_logits(path: Path, device: str, prompts: Sequence[List[int]],
-                 decode_steps: Sequence[List[int]], monkeypatch: pytest.MonkeyPatch
-                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+def three_logits(
+    path: Path,
+    device: str,
+    prompts: Sequence[List[int]],
+    decode_steps: Sequence[List[int]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
     """The batch's logits three ways on the same weights: bfloat16 with the fused kernels, the
     same engine with ``MINISGL_DISABLE_FUSED_KERNELS=1`` (read at each call), and float32 with
     them off and the torch attention backend; and how many fused norms the first ran."""
@@ -275,12 +330,14 @@ def three_logits(path: Path, device: str, prompts: Sequence[List[int]],
     return fused, unfused, reference, fused_calls
 
 
-def logit_prompts(vocab: int, lengths: Sequence[int], steps: int, seed: int
-                  ) -> Tuple[List[List[int]], List[List[int]]]:
+def logit_prompts(
+    vocab: int, lengths: Sequence[int], steps: int, seed: int
+) -> Tuple[List[List[int]], List[List[int]]]:
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
-    decode = [torch.randint(0, vocab, (len(lengths),), generator=gen).tolist()
-              for _ in range(steps)]
+    decode = [
+        torch.randint(0, vocab, (len(lengths),), generator=gen).tolist() for _ in range(steps)
+    ]
     return prompts, decode
 
 
@@ -335,11 +392,15 @@ def bf16_step(x: torch.Tensor) -> torch.Tensor:
     return torch.exp2(torch.floor(torch.log2(x.abs().clamp_min(2.0**-100))) - 7)
 
 
-def check_fused_against_unfused(fused: torch.Tensor, unfused: torch.Tensor,
-                                reference: torch.Tensor) -> None:
+def check_fused_against_unfused(
+    fused: torch.Tensor, unfused: torch.Tensor, reference: torch.Tensor
+) -> None:
     """The bounds above, and the fused path as accurate as torch's against float32."""
-    f_u, f_r, u_r = (error_stats(fused, unfused), error_stats(fused, reference),
-                     error_stats(unfused, reference))
+    f_u, f_r, u_r = (
+        error_stats(fused, unfused),
+        error_stats(fused, reference),
+        error_stats(unfused, reference),
+    )
     top, mean = float(bf16_step(reference.abs().max())), float(bf16_step(reference).mean())
     assert 0 < u_r[1] and u_r[0] <= BF16_MAX_STEPS * top and u_r[1] <= BF16_MEAN_STEPS * mean
     assert f_u[0] <= FUSED_MAX_STEPS * top and f_u[1] <= FUSED_MEAN_STEPS * mean, f_u

@@ -28,8 +28,12 @@ class Person(pydantic.BaseModel):
 
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
-    srv = Server(tiny_models["qwen2bytes"], tmp_path_factory.mktemp("server") / "server.log",
-                 "--api-key", KEY)
+    srv = Server(
+        tiny_models["qwen2bytes"],
+        tmp_path_factory.mktemp("server") / "server.log",
+        "--api-key",
+        KEY,
+    )
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in srv.log.read_text(), srv.log.read_text()
@@ -38,8 +42,13 @@ def server(tiny_models, tmp_path_factory):
 @pytest.mark.parametrize("seed", [None, 1, 2])
 def test_a_pydantic_models_schema_gives_json_it_validates(server, seed):
     completion = server.client().chat.completions.parse(
-        model="m", messages=CHAT, response_format=Person, max_tokens=200, seed=seed,
-        temperature=0 if seed is None else 1.0)
+        model="m",
+        messages=CHAT,
+        response_format=Person,
+        max_tokens=200,
+        seed=seed,
+        temperature=0 if seed is None else 1.0,
+    )
     choice = completion.choices[0]
     assert choice.finish_reason == "stop"
     assert Person.model_validate_json(choice.message.content) == choice.message.parsed
@@ -47,23 +56,35 @@ def test_a_pydantic_models_schema_gives_json_it_validates(server, seed):
 
 def test_regex_and_ebnf_fields_on_completions_streamed_or_not(server):
     client = server.client()
-    plain = client.completions.create(model="m", prompt="Today is", max_tokens=40,
-                                      temperature=0, extra_body={"regex": DATE})
+    plain = client.completions.create(
+        model="m", prompt="Today is", max_tokens=40, temperature=0, extra_body={"regex": DATE}
+    )
     assert re.fullmatch(DATE, plain.choices[0].text)
     assert plain.choices[0].finish_reason == "stop"
-    stream = client.completions.create(model="m", prompt="Today is", max_tokens=40,
-                                       temperature=0, extra_body={"regex": DATE}, stream=True)
+    stream = client.completions.create(
+        model="m",
+        prompt="Today is",
+        max_tokens=40,
+        temperature=0,
+        extra_body={"regex": DATE},
+        stream=True,
+    )
     assert "".join(chunk.choices[0].text for chunk in stream) == plain.choices[0].text
     ebnf = 'root ::= ("yes" | "no") "."'
-    reply = client.chat.completions.create(model="m", messages=CHAT, max_tokens=20,
-                                           extra_body={"ebnf": ebnf})
+    reply = client.chat.completions.create(
+        model="m", messages=CHAT, max_tokens=20, extra_body={"ebnf": ebnf}
+    )
     assert reply.choices[0].message.content in ("yes.", "no.")
 
 
 def test_json_object_gives_a_json_object(server):
     reply = server.client().chat.completions.create(
-        model="m", messages=CHAT, max_tokens=300, temperature=0,
-        response_format={"type": "json_object"})
+        model="m",
+        messages=CHAT,
+        max_tokens=300,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
     choice = reply.choices[0]
     if choice.finish_reason == "stop":
         assert isinstance(json.loads(choice.message.content), dict)
@@ -71,17 +92,26 @@ def test_json_object_gives_a_json_object(server):
         assert choice.finish_reason == "length" and choice.message.content.startswith("{")
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
-                                                                 "schema": {"type": "nope"}}}},
-     "json_schema cannot be compiled"),
-    ({"regex": "(ab"}, "regex cannot be compiled"),
-    ({"ebnf": 'start ::= "a"'}, "ebnf cannot be compiled"),
-    ({"regex": "[^\\s\\S]"}, "regex accepts no text"),
-    ({"response_format": {"type": "xml"}}, "response_format.type='xml'"),
-    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
-    ({"regex": "a", "ebnf": 'root ::= "a"'}, "at most one of response_format, regex, ebnf"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                }
+            },
+            "json_schema cannot be compiled",
+        ),
+        ({"regex": "(ab"}, "regex cannot be compiled"),
+        ({"ebnf": 'start ::= "a"'}, "ebnf cannot be compiled"),
+        ({"regex": "[^\\s\\S]"}, "regex accepts no text"),
+        ({"response_format": {"type": "xml"}}, "response_format.type='xml'"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema.schema"),
+        ({"regex": "a", "ebnf": 'root ::= "a"'}, "at most one of response_format, regex, ebnf"),
+    ],
+)
 def test_a_bad_constraint_gets_a_400_and_the_server_goes_on(server, extra, message):
     client = server.client()
     with pytest.raises(openai.BadRequestError, match=re.escape(message)):

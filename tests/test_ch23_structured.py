@@ -18,10 +18,16 @@ jsonschema = pytest.importorskip("jsonschema")
 
 # a pattern, not maxLength: xgrammar 0.2.9 compiles maxLength to [^"\\\r\n]{0,n}, which
 # lets control characters into the string, where JSON forbids them
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "ok"],
-          "properties": {"name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "ok": {"type": "boolean"}}}
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "ok"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z ]{1,8}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "ok": {"type": "boolean"},
+    },
+}
 DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
 YES_NO = 'root ::= answer " because " reason\nanswer ::= "yes" | "no"\nreason ::= [a-z]{1,6}'
 PROMPTS = ["the weather", "a b c", "hello world", "x y z", "one two", "the red fox"]
@@ -41,9 +47,12 @@ def _params(n: int = 120, **options: Any) -> Any:
 
 def _sampled(**constraint: Any) -> List[Any]:
     """Greedy, then sampled rows at two temperatures, seeded and not."""
-    return [_params(**constraint), _params(temperature=1.0, seed=1, **constraint),
-            _params(temperature=0.7, seed=2, top_p=0.9, **constraint),
-            _params(temperature=1.3, **constraint)]
+    return [
+        _params(**constraint),
+        _params(temperature=1.0, seed=1, **constraint),
+        _params(temperature=0.7, seed=2, top_p=0.9, **constraint),
+        _params(temperature=1.3, **constraint),
+    ]
 
 
 @pytest.mark.parametrize("family", DENSE)
@@ -83,10 +92,16 @@ def _hf_constrained(path: Any, prompt: str, grammar: Any, n: int) -> List[int]:
 
     model, tokenizer = hf_model(path), hf_tokenizer(path)
     ids = torch.tensor([tokenizer(prompt)["input_ids"]])
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                         do_sample=False, logits_processor=[LogitsProcessor(grammar)],
-                         eos_token_id=model.generation_config.eos_token_id, pad_token_id=0)
-    return out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        logits_processor=[LogitsProcessor(grammar)],
+        eos_token_id=model.generation_config.eos_token_id,
+        pad_token_id=0,
+    )
+    return out[0, ids.shape[1] :].tolist()
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama3"])
@@ -140,16 +155,18 @@ def test_overlaps_first_decode_sees_the_prefills_token(tiny_models):
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("constraint, message", [
-    (dict(json_schema="{not json"), "json_schema cannot be compiled: .*Failed to parse JSON"),
-    (dict(json_schema='{"type": "nope"}'), "json_schema cannot be compiled: .*nope"),
-    (dict(regex="(ab"), "regex cannot be compiled: .*parenthesis"),
-    (dict(ebnf='start ::= "a"'), "ebnf cannot be compiled: .*root"),
-    (dict(regex="[^\\s\\S]"), "regex accepts no text"),
-    (dict(json_schema=" "), "json_schema is empty"),
-])
-def test_a_bad_constraint_gets_one_clear_error_and_loses_nothing(tiny_models, constraint,
-                                                                  message):
+@pytest.mark.parametrize(
+    "constraint, message",
+    [
+        (dict(json_schema="{not json"), "json_schema cannot be compiled: .*Failed to parse JSON"),
+        (dict(json_schema='{"type": "nope"}'), "json_schema cannot be compiled: .*nope"),
+        (dict(regex="(ab"), "regex cannot be compiled: .*parenthesis"),
+        (dict(ebnf='start ::= "a"'), "ebnf cannot be compiled: .*root"),
+        (dict(regex="[^\\s\\S]"), "regex accepts no text"),
+        (dict(json_schema=" "), "json_schema is empty"),
+    ],
+)
+def test_a_bad_constraint_gets_one_clear_error_and_loses_nothing(tiny_models, constraint, message):
     from minisgl.core import SamplingParams
 
     llm = _llm(tiny_models["qwen3"])
@@ -240,8 +257,10 @@ def test_a_real_model_answers_in_its_schema(real_model):
     chat = [{"role": "user", "content": "Describe a person called Ada as JSON: name, age, ok."}]
     ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True)["input_ids"]
     schema = json.dumps(PERSON)
-    params = [_params(60, json_schema=schema),
-              _params(60, json_schema=schema, temperature=0.8, seed=3)]
+    params = [
+        _params(60, json_schema=schema),
+        _params(60, json_schema=schema, temperature=0.8, seed=3),
+    ]
     outs = llm.generate([ids, ids], params)
     for out in outs:
         jsonschema.validate(json.loads(out["text"]), PERSON)
@@ -263,7 +282,7 @@ def test_the_gpu_mask_kernel_masks_as_the_cpu_loop_does(vocab):
 
     torch.manual_seed(0)
     words = -(-vocab // 32)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (5, words), dtype=torch.int32)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (5, words), dtype=torch.int32)
     logits = torch.randn(5, vocab)
     rows = [0, 2, 3]
     on_cpu, on_gpu = logits.clone(), logits.cuda()

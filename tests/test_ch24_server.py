@@ -12,8 +12,10 @@ openai = pytest.importorskip("openai")
 from helpers import hf_tokenizer  # noqa: E402
 from test_ch13_server import KEY, Server  # noqa: E402 (the real process, as chapter 13 runs it)
 
-PROMPTS = ["a b c d a b c d a b c d the quick brown fox the quick brown fox",
-           "hello world hello world hello"]
+PROMPTS = [
+    "a b c d a b c d a b c d the quick brown fox the quick brown fox",
+    "hello world hello world hello",
+]
 MAX_TOKENS = 40
 
 
@@ -24,8 +26,16 @@ def model(tiny_models):
 
 @pytest.fixture(scope="module")
 def server(model, tmp_path_factory):
-    srv = Server(model, tmp_path_factory.mktemp("server") / "server.log", "--api-key", KEY,
-                 "--speculative", "ngram", "--speculative-k", "5")
+    srv = Server(
+        model,
+        tmp_path_factory.mktemp("server") / "server.log",
+        "--api-key",
+        KEY,
+        "--speculative",
+        "ngram",
+        "--speculative-k",
+        "5",
+    )
     yield srv
     assert srv.stop() == 0
     assert "Traceback" not in srv.log.read_text(), srv.log.read_text()
@@ -42,8 +52,9 @@ def offline(model):
 
 
 def _complete(server, prompt: str, **options):
-    return server.client().completions.create(model="m", prompt=prompt, max_tokens=MAX_TOKENS,
-                                              temperature=0, **options)
+    return server.client().completions.create(
+        model="m", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, **options
+    )
 
 
 @pytest.mark.parametrize("row", [0, 1])
@@ -58,8 +69,9 @@ def test_greedy_text_and_usage_are_those_without_speculation(server, offline, ro
 
 
 @pytest.mark.parametrize("row", [0, 1])
-def test_a_stop_string_cuts_the_text_and_usage_counts_the_tokens_returned(server, model,
-                                                                         offline, row):
+def test_a_stop_string_cuts_the_text_and_usage_counts_the_tokens_returned(
+    server, model, offline, row
+):
     """The stop string from the middle of greedy's text: the reply ends before it, and usage
     counts the tokens up to the one whose text completed it, streamed or not."""
     tokenizer = hf_tokenizer(model)
@@ -72,8 +84,11 @@ def test_a_stop_string_cuts_the_text_and_usage_counts_the_tokens_returned(server
     assert reply.choices[0].text == full[:cut]
     assert reply.choices[0].finish_reason == "stop"
     assert reply.usage.completion_tokens == through
-    chunks = list(_complete(server, PROMPTS[row], stop=[stop], stream=True,
-                            stream_options={"include_usage": True}))
+    chunks = list(
+        _complete(
+            server, PROMPTS[row], stop=[stop], stream=True, stream_options={"include_usage": True}
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == full[:cut]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
     assert chunks[-1].usage.completion_tokens == through

@@ -18,10 +18,12 @@ from helpers import DENSE, assert_pages_all_back, greedy, hf_tokenizer, modules_
 
 FAMILIES = (*DENSE, "qwen3moe")
 # text that repeats its n-grams, as an edit or a quote of the prompt does: n-grams propose
-PROMPTS = ["a b c d a b c d a b c d the quick brown fox the quick brown fox",
-           "hello world hello world hello",
-           "one two three four five one two three four five one two",
-           "the weather today is sunny"]
+PROMPTS = [
+    "a b c d a b c d a b c d the quick brown fox the quick brown fox",
+    "hello world hello world hello",
+    "one two three four five one two three four five one two",
+    "the weather today is sunny",
+]
 N = 24  # new tokens a row: enough steps for several runs, accepted and refused
 
 
@@ -50,8 +52,12 @@ def perturbed(tiny_models, tmp_path_factory) -> Callable[[str], Path]:
             shutil.copytree(source, target, dirs_exist_ok=True)
             state = load_file(str(source / "model.safetensors"))
             generator = torch.Generator().manual_seed(0)
-            noisy = {k: v + 0.1 * v.std() * torch.randn(v.shape, generator=generator)
-                     if v.dim() > 1 else v for k, v in state.items()}
+            noisy = {
+                k: v + 0.1 * v.std() * torch.randn(v.shape, generator=generator)
+                if v.dim() > 1
+                else v
+                for k, v in state.items()
+            }
             save_file(noisy, str(target / "model.safetensors"), metadata={"format": "pt"})
             made[family] = target
         return made[family]
@@ -67,20 +73,25 @@ def _other_family(family: str) -> str:
 
 @pytest.mark.parametrize("page_size", [1, 3, 4])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_tokens_with_drafts_equal_greedy_tokens_without(tiny_models, perturbed, family,
-                                                               page_size):
+def test_greedy_tokens_with_drafts_equal_greedy_tokens_without(
+    tiny_models, perturbed, family, page_size
+):
     """Every draft source and k: the same tokens, drafts crossing page boundaries; the
     n-gram and the perturbed drafts are right sometimes and wrong sometimes, so both the
     accepted runs and the rollback of refused drafts are exercised."""
     path = tiny_models[family]
     expected = _tokens(_llm(path, page_size))
     configs = [("ngram", None, k) for k in (1, 2, 5, 8)]
-    configs += [("draft", tiny_models[_other_family(family)], 3),
-                ("draft", path, 4),  # its own draft: every draft accepted
-                ("draft", perturbed(family), 2), ("draft", perturbed(family), 8)]
+    configs += [
+        ("draft", tiny_models[_other_family(family)], 3),
+        ("draft", path, 4),  # its own draft: every draft accepted
+        ("draft", perturbed(family), 2),
+        ("draft", perturbed(family), 8),
+    ]
     for method, draft, k in configs:
-        llm = _llm(path, page_size, speculative=method, speculative_k=k, draft_model=draft and
-                   str(draft))
+        llm = _llm(
+            path, page_size, speculative=method, speculative_k=k, draft_model=draft and str(draft)
+        )
         assert _tokens(llm) == expected, (method, draft, k)
         assert_pages_all_back(llm.scheduler)
         stats = llm.scheduler.speculator.stats
@@ -96,8 +107,9 @@ def test_the_real_model_edits_a_text_as_fast_as_it_agrees(real_model):
     copy from the prompt, many are right, and the tokens are greedy's own."""
     tokenizer = hf_tokenizer(real_model)
     text = "The robot read one book every night and told the children about it each morning."
-    chat = [{"role": "user", "content": f"Repeat this text, with 'robot' replaced by 'cat': "
-                                        f"{text}"}]
+    chat = [
+        {"role": "user", "content": f"Repeat this text, with 'robot' replaced by 'cat': {text}"}
+    ]
     ids = tokenizer.apply_chat_template(chat, add_generation_prompt=True)["input_ids"]
     expected = _tokens(_llm(real_model), greedy(32), [ids])
     llm = _llm(real_model, speculative="ngram", speculative_k=4)
@@ -109,11 +121,19 @@ def test_the_real_model_edits_a_text_as_fast_as_it_agrees(real_model):
 # --- speculative sampling: the target's distribution, exactly --------------------------------
 
 V = 6
-P = torch.tensor([[0.40, 0.05, 0.25, 0.10, 0.15, 0.05],  # the target at each position
-                  [0.05, 0.30, 0.05, 0.20, 0.10, 0.30],
-                  [0.20, 0.20, 0.20, 0.10, 0.10, 0.20]])
-Q = torch.tensor([[0.05, 0.40, 0.10, 0.30, 0.05, 0.10],  # the draft model's, far from P
-                  [0.30, 0.05, 0.30, 0.05, 0.25, 0.05]])
+P = torch.tensor(
+    [
+        [0.40, 0.05, 0.25, 0.10, 0.15, 0.05],  # the target at each position
+        [0.05, 0.30, 0.05, 0.20, 0.10, 0.30],
+        [0.20, 0.20, 0.20, 0.10, 0.10, 0.20],
+    ]
+)
+Q = torch.tensor(
+    [
+        [0.05, 0.40, 0.10, 0.30, 0.05, 0.10],  # the draft model's, far from P
+        [0.30, 0.05, 0.30, 0.05, 0.25, 0.05],
+    ]
+)
 DRAWS = 8000
 TV_BOUND = 0.04  # the sampling noise of the TV distance at this many draws is about 0.01
 Accept = Callable[..., List[int]]
@@ -135,16 +155,19 @@ def _tv_distances(accept: Accept, one_hot: bool) -> List[float]:
         if len(run) > 1:
             assert run[0] == drafts[0]
             second[run[1]] += 1
-    return [0.5 * float((counts / counts.sum() - P[j]).abs().sum())
-            for j, counts in enumerate((first, second))]
+    return [
+        0.5 * float((counts / counts.sum() - P[j]).abs().sum())
+        for j, counts in enumerate((first, second))
+    ]
 
 
 def _accept_with(rule: str) -> Accept:
     """accept_sampled with a wrong acceptance probability: to show that the statistic
     catches a rule that keeps drafts too often."""
 
-    def accept(drafts: Sequence[int], p: torch.Tensor, generator: torch.Generator,
-               q: torch.Tensor | None) -> List[int]:
+    def accept(
+        drafts: Sequence[int], p: torch.Tensor, generator: torch.Generator, q: torch.Tensor | None
+    ) -> List[int]:
         run: List[int] = []
         for i, token in enumerate(drafts):
             q_i = torch.zeros(V).index_fill_(0, torch.tensor(token), 1.0) if q is None else q[i]
@@ -153,8 +176,7 @@ def _accept_with(rule: str) -> Accept:
                 run.append(token)
                 continue
             leftover = (p[i] - q_i).clamp_min(0.0)
-            run.append(int(torch.multinomial(leftover / leftover.sum(), 1,
-                                             generator=generator)))
+            run.append(int(torch.multinomial(leftover / leftover.sum(), 1, generator=generator)))
             return run
         run.append(int(torch.multinomial(p[len(drafts)], 1, generator=generator)))
         return run
@@ -179,8 +201,10 @@ def test_a_seeded_sampled_run_repeats_itself(tiny_models):
     a fresh engine, unseeded rows beside them or not."""
     from minisgl.core import SamplingParams
 
-    seeded = [SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=N, ignore_eos=True)
-              for s in (1, 2)]
+    seeded = [
+        SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=N, ignore_eos=True)
+        for s in (1, 2)
+    ]
     runs = []
     for extra in ([], [SamplingParams(temperature=1.0, max_tokens=N)]):
         llm = _llm(tiny_models["qwen3"], speculative="ngram", speculative_k=4)
@@ -191,11 +215,13 @@ def test_a_seeded_sampled_run_repeats_itself(tiny_models):
 
 # --- pages, the prefix cache, aborts ----------------------------------------------------------
 
+
 def _scheduler(path: Any, page_size: int = 3, **options: Any) -> Any:
     from minisgl.scheduler import Scheduler, SchedulerConfig
 
-    return Scheduler(SchedulerConfig(str(path), device="cpu", page_size=page_size,
-                                     num_pages=128, **options))
+    return Scheduler(
+        SchedulerConfig(str(path), device="cpu", page_size=page_size, num_pages=128, **options)
+    )
 
 
 def _ids(path: Any, text: str) -> List[int]:
@@ -208,8 +234,7 @@ def test_pages_all_come_back_after_refusals_and_aborts(tiny_models, perturbed, m
     no page lost or freed twice, in the target's pool or the draft's."""
     path = tiny_models["llama3"]
     draft = str(perturbed("llama3")) if method == "draft" else None
-    s = _scheduler(path, cache_type="naive", speculative=method, speculative_k=5,
-                   draft_model=draft)
+    s = _scheduler(path, cache_type="naive", speculative=method, speculative_k=5, draft_model=draft)
     reqs = [s.add_req(_ids(path, p), greedy(40)) for p in PROMPTS * 2]
     for step in range(1, 10):
         s.step()
@@ -236,16 +261,16 @@ def test_a_running_request_holds_only_the_pages_of_its_kept_tokens(tiny_models):
     from minisgl.utils.misc import div_ceil
 
     path = tiny_models["qwen2"]
-    s = _scheduler(path, page_size=2, cache_type="naive", speculative="ngram",
-                   speculative_k=8)
+    s = _scheduler(path, page_size=2, cache_type="naive", speculative="ngram", speculative_k=8)
     req = s.add_req(_ids(path, PROMPTS[0]), greedy(60))
     refused = 0
     while not s.idle:
         before = s.speculator.stats
         proposed, accepted = before.proposed, before.accepted
         s.step()
-        refused += (s.speculator.stats.proposed - proposed) - (s.speculator.stats.accepted
-                                                               - accepted)
+        refused += (s.speculator.stats.proposed - proposed) - (
+            s.speculator.stats.accepted - accepted
+        )
         if req.table_idx >= 0 and len(req.output_ids) < 60:
             assert req.device_len == req.cached_len + 1 == len(req.all_ids)
             held = div_ceil(req.cached_len, s.cache_manager.page_size)
@@ -269,8 +294,10 @@ def test_the_prefix_cache_keeps_only_accepted_tokens(tiny_models):
     assert cache.match_prefix(prompt + out).cached_len == kept
     assert cache.size_info.total_size == kept
     wrong = (out[5] + 1) % 450  # not the token greedy chose at position len(prompt) + 5
-    assert cache.match_prefix(prompt + out[:5] + [wrong] + out[6:]).cached_len == \
-        (len(prompt) + 5) // page * page
+    assert (
+        cache.match_prefix(prompt + out[:5] + [wrong] + out[6:]).cached_len
+        == (len(prompt) + 5) // page * page
+    )
     longer = prompt + out
     reference = _tokens(_llm(path, page, cache_type="naive"), greedy(8), [longer])
     assert _tokens(llm, greedy(8), [longer]) == reference
@@ -278,6 +305,7 @@ def test_the_prefix_cache_keeps_only_accepted_tokens(tiny_models):
 
 
 # --- where a run ends: max_tokens, EOS --------------------------------------------------------
+
 
 @pytest.mark.parametrize("k", [1, 3, 8, 16])
 def test_max_tokens_is_never_exceeded(tiny_models, k):
@@ -310,8 +338,12 @@ def test_a_run_that_holds_eos_ends_there(tiny_models, monkeypatch):
     free = _tokens(_llm(path, **spec), greedy(N), PROMPTS[:1])[0]
     # a token that first appears inside a run, not at its end: made the EOS, it cuts that run
     starts = [1 + sum(len(r) for r in runs[:i]) for i in range(len(runs))]  # 1: the prefill's
-    inside = [start + j for start, run in zip(starts, runs) for j in range(len(run) - 1)
-              if free.index(run[j]) == start + j]
+    inside = [
+        start + j
+        for start, run in zip(starts, runs)
+        for j in range(len(run) - 1)
+        if free.index(run[j]) == start + j
+    ]
     assert inside, runs
     eos, end = free[inside[0]], inside[0] + 1
     runs.clear()
@@ -326,6 +358,7 @@ def test_a_run_that_holds_eos_ends_there(tiny_models, monkeypatch):
 
 # --- speculation beside structured output -----------------------------------------------------
 
+
 def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
     """A constrained request drafts nothing but runs in the same verify batch: its output is
     valid and equals its tokens without speculation, and the free rows keep greedy's."""
@@ -334,11 +367,21 @@ def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
     from minisgl.core import SamplingParams
 
     date = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
-    person = {"type": "object", "additionalProperties": False, "required": ["name", "ok"],
-              "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
-                             "ok": {"type": "boolean"}}}
-    params = [greedy(N), SamplingParams(max_tokens=60, regex=date), greedy(N),
-              SamplingParams(max_tokens=80, json_schema=json.dumps(person))]
+    person = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["name", "ok"],
+        "properties": {
+            "name": {"type": "string", "pattern": "^[a-z]{1,6}$"},
+            "ok": {"type": "boolean"},
+        },
+    }
+    params = [
+        greedy(N),
+        SamplingParams(max_tokens=60, regex=date),
+        greedy(N),
+        SamplingParams(max_tokens=80, json_schema=json.dumps(person)),
+    ]
     path = tiny_models["llama3"]
     expected = _llm(path).generate(PROMPTS, params)
     llm = _llm(path, speculative="ngram", speculative_k=4)
@@ -352,15 +395,22 @@ def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
 
 # --- settings ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("options, message", [
-    (dict(speculative="bad"), "speculative must be 'ngram' or 'draft', got 'bad'"),
-    (dict(speculative="draft"), "draft_model goes with speculative='draft'"),
-    (dict(speculative="ngram", draft_model="/m"), "draft_model goes with speculative='draft'"),
-    (dict(draft_model="/m"), "draft_model goes with speculative='draft'"),
-    (dict(speculative="ngram", speculative_k=0), r"speculative_k must be in \[1, 16\], got 0"),
-    (dict(speculative="ngram", speculative_k=17), r"speculative_k must be in \[1, 16\], got 17"),
-    (dict(speculative="ngram", tp_size=2), "speculative decoding runs at tp_size=1 only"),
-])
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(speculative="bad"), "speculative must be 'ngram' or 'draft', got 'bad'"),
+        (dict(speculative="draft"), "draft_model goes with speculative='draft'"),
+        (dict(speculative="ngram", draft_model="/m"), "draft_model goes with speculative='draft'"),
+        (dict(draft_model="/m"), "draft_model goes with speculative='draft'"),
+        (dict(speculative="ngram", speculative_k=0), r"speculative_k must be in \[1, 16\], got 0"),
+        (
+            dict(speculative="ngram", speculative_k=17),
+            r"speculative_k must be in \[1, 16\], got 17",
+        ),
+        (dict(speculative="ngram", tp_size=2), "speculative decoding runs at tp_size=1 only"),
+    ],
+)
 def test_a_bad_setting_gets_one_clear_error(tiny_models, options, message):
     from minisgl.scheduler import SchedulerConfig
 
@@ -370,34 +420,43 @@ def test_a_bad_setting_gets_one_clear_error(tiny_models, options, message):
 
 def test_a_draft_with_another_vocabulary_is_refused(tiny_models):
     with pytest.raises(ValueError, match=r"has 512 tokens, the target 450"):
-        _llm(tiny_models["llama3"], speculative="draft",
-             draft_model=str(tiny_models["qwen2bytes"]))
+        _llm(tiny_models["llama3"], speculative="draft", draft_model=str(tiny_models["qwen2bytes"]))
 
 
 def test_the_command_line_sets_speculation():
     from minisgl.server.args import parse_args
 
-    config = parse_args(["--model", "/m", "--speculative", "draft", "--draft-model", "/d",
-                         "--speculative-k", "3"]).scheduler_config()
+    config = parse_args(
+        ["--model", "/m", "--speculative", "draft", "--draft-model", "/d", "--speculative-k", "3"]
+    ).scheduler_config()
     assert (config.speculative, config.draft_model, config.speculative_k) == ("draft", "/d", 3)
-    upstream = parse_args(["--model", "/m", "--speculative-algorithm", "ngram",
-                           "--speculative-num-draft-tokens", "6"]).scheduler_config()
-    assert (upstream.speculative, upstream.speculative_k, upstream.draft_model) == \
-        ("ngram", 6, None)
+    upstream = parse_args(
+        ["--model", "/m", "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "6"]
+    ).scheduler_config()
+    assert (upstream.speculative, upstream.speculative_k, upstream.draft_model) == (
+        "ngram",
+        6,
+        None,
+    )
     assert parse_args(["--model", "/m"]).scheduler_config().speculative is None
-    for bad in (["--speculative", "eagle"], ["--speculative", "draft"],
-                ["--speculative", "ngram", "--speculative-k", "0"]):
+    for bad in (
+        ["--speculative", "eagle"],
+        ["--speculative", "draft"],
+        ["--speculative", "ngram", "--speculative-k", "0"],
+    ):
         with pytest.raises(SystemExit):
             parse_args(["--model", "/m", *bad])
 
 
 # --- the n-gram drafter and the greedy rule, alone --------------------------------------------
 
+
 def test_the_speculative_package_imports_first():
     """A fresh interpreter can import minisgl.speculative before anything else (an exercise,
     a notebook): no import cycle through the scheduler."""
-    assert modules_imported("minisgl.speculative", ["minisgl.speculative.verify"]) == \
-        ["minisgl.speculative.verify"]
+    assert modules_imported("minisgl.speculative", ["minisgl.speculative.verify"]) == [
+        "minisgl.speculative.verify"
+    ]
 
 
 def test_ngram_drafts_continue_the_latest_earlier_occurrence():

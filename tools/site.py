@@ -42,8 +42,13 @@ from stepslib.render import render_book  # noqa: E402
 ROOT = TOOLS.parent
 ASSETS = TOOLS / "site_assets"  # the site's scripts and styles, and the home page's text
 PYODIDE = "node_modules/pyodide"  # under the book's folder
-PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm",
-                 "python_stdlib.zip", "pyodide-lock.json")
+PYODIDE_FILES = (
+    "pyodide.mjs",
+    "pyodide.asm.mjs",
+    "pyodide.asm.wasm",
+    "python_stdlib.zip",
+    "pyodide-lock.json",
+)
 BRANCH = "main"
 HEADING = re.compile(r"^(#+) ")
 FIGURE = re.compile(r"!\[([^\]]*)\]\(([^)\s]+/figures/[^)\s]+)\)")  # an image in a page
@@ -72,8 +77,11 @@ def exercises_by_chapter(book: Book, judge) -> dict[int, list]:
     found: dict[int, list] = {}
     for exercise in judge.exercises(book.root / "practice"):
         if exercise.chapter not in numbers:
-            raise BookError(f"exercise {exercise.id} is for chapter {exercise.chapter}, "
-                            "which the book does not have", f"practice/{exercise.folder.name}")
+            raise BookError(
+                f"exercise {exercise.id} is for chapter {exercise.chapter}, "
+                "which the book does not have",
+                f"practice/{exercise.folder.name}",
+            )
         found.setdefault(exercise.chapter, []).append(exercise)
     return found
 
@@ -105,7 +113,8 @@ def exercise_block(exercise) -> str:
             '<button type="button" class="md-button practice-reset">Back to the starter'
             "</button></p>",
             '<pre class="practice-output" aria-live="polite"></pre>',
-            "</div>", "",
+            "</div>",
+            "",
             f"The same tests judge it locally: `{command} mine.py`.",
         ]
     else:
@@ -113,8 +122,11 @@ def exercise_block(exercise) -> str:
         parts += [
             "This exercise needs torch or numpy, which the browser's Python does not have: "
             f"judge it locally with `{command}` (it starts from `practice/work/"
-            f"{exercise.id}.py`, a copy of the starter).", "",
-            "```python", starter, "```",
+            f"{exercise.id}.py`, a copy of the starter).",
+            "",
+            "```python",
+            starter,
+            "```",
         ]
     return "\n".join(parts)
 
@@ -124,10 +136,15 @@ def exercises_section(exercises: list) -> str:
         return ""
     items = [f"- [{e.id}. {e.title} ({e.difficulty})](#exercise-{e.id})" for e in exercises]
     blocks = [exercise_block(e) for e in exercises]
-    return "\n\n".join([
-        f"## {JUDGED} ({len(exercises)}) {{#judged-exercises}}",
-        "Write the code and run the tests in your browser, or judge locally with "
-        "`python practice/judge.py`.", "\n".join(items), *blocks])
+    return "\n\n".join(
+        [
+            f"## {JUDGED} ({len(exercises)}) {{#judged-exercises}}",
+            "Write the code and run the tests in your browser, or judge locally with "
+            "`python practice/judge.py`.",
+            "\n".join(items),
+            *blocks,
+        ]
+    )
 
 
 # --- the pages --------------------------------------------------------------------------------
@@ -139,8 +156,10 @@ def footer(repository: str | None, chapter: Chapter) -> str:
         return ""
     edit = f"{repository}/edit/{BRANCH}/{chapter.folder}/README.md"
     issue = f"{repository}/issues/new?title={quote(f'{chapter.id}: ')}"
-    return (f"---\n\nFound a mistake or a better way to say it? [Edit this page on GitHub]({edit})"
-            f" · [Report an issue]({issue})")
+    return (
+        f"---\n\nFound a mistake or a better way to say it? [Edit this page on GitHub]({edit})"
+        f" · [Report an issue]({issue})"
+    )
 
 
 def site_sections(page: str) -> str:
@@ -177,17 +196,28 @@ def practice_page(book: Book, by_chapter: dict[int, list]) -> str:
     for chapter in book.chapters:
         for e in by_chapter.get(chapter.number, []):
             where = "in the browser" if e.runs == "browser" else "locally (torch)"
-            rows.append(f"| {e.id} | {chapter.number}. {chapter.title} | "
-                        f"[{e.title}]({chapter.name}.md#exercise-{e.id}) | {e.difficulty} | "
-                        f"{where} |")
-    return "\n".join([
-        "# Practice", "",
-        "Every chapter ends with exercises taken from its own code: write a function, then run "
-        "its tests in the browser, or judge it locally:", "",
-        "```bash", "python practice/judge.py --list          # every exercise, the solved ones "
-        "marked", "python practice/judge.py 171             # judges practice/work/171.py",
-        "python practice/judge.py 171 mine.py     # or a file of yours", "```", "",
-        *rows, ""])
+            rows.append(
+                f"| {e.id} | {chapter.number}. {chapter.title} | "
+                f"[{e.title}]({chapter.name}.md#exercise-{e.id}) | {e.difficulty} | "
+                f"{where} |"
+            )
+    return "\n".join(
+        [
+            "# Practice",
+            "",
+            "Every chapter ends with exercises taken from its own code: write a function, then run "
+            "its tests in the browser, or judge it locally:",
+            "",
+            "```bash",
+            "python practice/judge.py --list          # every exercise, the solved ones marked",
+            "python practice/judge.py 171             # judges practice/work/171.py",
+            "python practice/judge.py 171 mine.py     # or a file of yours",
+            "```",
+            "",
+            *rows,
+            "",
+        ]
+    )
 
 
 def home_page(book: Book) -> str:
@@ -200,10 +230,15 @@ def home_page(book: Book) -> str:
         stages.setdefault(chapter.stage, []).append(chapter)
     for stage, chapters in stages.items():
         items = [f"<li markdown>[{c.title}]({c.name}.md)</li>" for c in chapters]
-        parts.append("\n".join([f"## {stage}", "", f'<ol start="{chapters[0].number}" markdown>',
-                                *items, "</ol>"]))
-    parts.append("[Practice](practice.md): the exercises of every chapter, judged in your "
-                 "browser or locally.")
+        parts.append(
+            "\n".join(
+                [f"## {stage}", "", f'<ol start="{chapters[0].number}" markdown>', *items, "</ol>"]
+            )
+        )
+    parts.append(
+        "[Practice](practice.md): the exercises of every chapter, judged in your "
+        "browser or locally."
+    )
     return "\n\n".join(parts) + "\n"
 
 
@@ -214,27 +249,46 @@ def mkdocs_config(book: Book, repository: str | None, docs: Path, out: Path) -> 
     stages: dict[str, list] = {}
     for chapter in book.chapters:
         stages.setdefault(chapter.stage, []).append(
-            {f"{chapter.number}. {chapter.title}": f"{chapter.name}.md"})
+            {f"{chapter.number}. {chapter.title}": f"{chapter.name}.md"}
+        )
     nav += [{stage: pages} for stage, pages in stages.items()]
     nav.append({"Practice": "practice.md"})
     config = {
-        "site_name": book.title, "docs_dir": str(docs), "site_dir": str(out),
-        "use_directory_urls": False, "strict": True,
-        "validation": {"nav": {"omitted_files": "warn", "not_found": "warn"},
-                       "links": {"not_found": "warn", "anchors": "warn",
-                                 "unrecognized_links": "warn"}},
+        "site_name": book.title,
+        "docs_dir": str(docs),
+        "site_dir": str(out),
+        "use_directory_urls": False,
+        "strict": True,
+        "validation": {
+            "nav": {"omitted_files": "warn", "not_found": "warn"},
+            "links": {"not_found": "warn", "anchors": "warn", "unrecognized_links": "warn"},
+        },
         # font: false keeps the reader's own fonts (no Google Fonts); the table of contents
         # sits in the left sidebar, which leaves the text column room for 100-column code
-        "theme": {"name": "material", "font": False,
-                  "features": ["navigation.sections", "navigation.top", "navigation.footer",
-                               "toc.integrate", "search.highlight", "content.code.copy",
-                               "toc.follow"]},
+        "theme": {
+            "name": "material",
+            "font": False,
+            "features": [
+                "navigation.sections",
+                "navigation.top",
+                "navigation.footer",
+                "toc.integrate",
+                "search.highlight",
+                "content.code.copy",
+                "toc.follow",
+            ],
+        },
         "plugins": ["search"],
-        "markdown_extensions": ["tables", "attr_list", "md_in_html", "admonition",
-                                "pymdownx.superfences",
-                                # a span per line: site.js and site.css wrap a long one
-                                {"pymdownx.highlight": {"line_spans": "__span"}},
-                                {"toc": {"permalink": True}}],
+        "markdown_extensions": [
+            "tables",
+            "attr_list",
+            "md_in_html",
+            "admonition",
+            "pymdownx.superfences",
+            # a span per line: site.js and site.css wrap a long one
+            {"pymdownx.highlight": {"line_spans": "__span"}},
+            {"toc": {"permalink": True}},
+        ],
         "extra_css": ["assets/site.css", "assets/practice.css"],
         "extra_javascript": ["assets/site.js", "assets/practice.js"],
         "nav": nav,
@@ -255,8 +309,11 @@ def _steps_yaml(root: Path) -> dict:
 def repository_url(root: Path) -> str:
     url = _steps_yaml(root).get("repository")
     if not isinstance(url, str) or not url.startswith("https://"):
-        raise BookError("steps.yaml needs `repository: https://...`, the site's edit and issue "
-                        "links point there", "steps.yaml")
+        raise BookError(
+            "steps.yaml needs `repository: https://...`, the site's edit and issue "
+            "links point there",
+            "steps.yaml",
+        )
     return url.rstrip("/")
 
 
@@ -281,15 +338,20 @@ def write_docs(book: Book, docs: Path) -> None:
     render_book(book, docs)
     for chapter in book.chapters:
         page = docs / f"{chapter.name}.md"
-        text = chapter_page(page.read_text(encoding="utf-8"), chapter,
-                            by_chapter.get(chapter.number, []), repository)
+        text = chapter_page(
+            page.read_text(encoding="utf-8"),
+            chapter,
+            by_chapter.get(chapter.number, []),
+            repository,
+        )
         page.write_text(text, encoding="utf-8")
     (docs / "practice.md").write_text(practice_page(book, by_chapter), encoding="utf-8")
     (docs / "index.md").write_text(home_page(book), encoding="utf-8")
     _copy_practice(book.root, docs, by_chapter)
     _copy_pyodide(book.root / PYODIDE, docs)
-    shutil.copytree(ASSETS, docs / "assets", dirs_exist_ok=True,
-                    ignore=shutil.ignore_patterns("*.md"))  # home.md is the home page's text
+    shutil.copytree(
+        ASSETS, docs / "assets", dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.md")
+    )  # home.md is the home page's text
 
 
 def _copy_practice(root: Path, docs: Path, by_chapter: dict[int, list]) -> None:
@@ -307,8 +369,9 @@ def _copy_practice(root: Path, docs: Path, by_chapter: dict[int, list]) -> None:
 def _copy_pyodide(pyodide: Path, docs: Path) -> None:
     missing = [name for name in PYODIDE_FILES if not (pyodide / name).is_file()]
     if missing:
-        raise BookError(f"Pyodide is not installed ({missing[0]} is missing): run `npm ci`",
-                        str(pyodide))
+        raise BookError(
+            f"Pyodide is not installed ({missing[0]} is missing): run `npm ci`", str(pyodide)
+        )
     (docs / "pyodide").mkdir(parents=True, exist_ok=True)
     for name in PYODIDE_FILES:
         shutil.copy(pyodide / name, docs / "pyodide" / name)
@@ -323,25 +386,45 @@ def build(root: Path, out: Path) -> int:
     write_docs(book, docs)
     repository = public_repository(root)
     config = mkdocs_config(book, repository, docs, out)
-    (source / "mkdocs.yml").write_text(yaml.safe_dump(config, sort_keys=False, allow_unicode=True),
-                                       encoding="utf-8")
+    (source / "mkdocs.yml").write_text(
+        yaml.safe_dump(config, sort_keys=False, allow_unicode=True), encoding="utf-8"
+    )
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")  # a banner about mkdocs 2, not the book
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--clean",
-                           "--quiet", "-f", str(source / "mkdocs.yml")], env=env)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--clean",
+            "--quiet",
+            "-f",
+            str(source / "mkdocs.yml"),
+        ],
+        env=env,
+    )
     if done.returncode == 0:
-        print(f"wrote the site to {out} (open {out / 'index.html'}, or serve it: "
-              f"python -m http.server -d {out})")
+        print(
+            f"wrote the site to {out} (open {out / 'index.html'}, or serve it: "
+            f"python -m http.server -d {out})"
+        )
     return done.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="site.py", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="site.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     one = commands.add_parser("build", help="build the site (mkdocs build --strict)")
     one.add_argument("--out", type=Path, help="default: BOOK/build/site")
-    one.add_argument("--root", type=Path, default=ROOT,
-                     help="the book's folder (default: the one holding tools/)")
+    one.add_argument(
+        "--root",
+        type=Path,
+        default=ROOT,
+        help="the book's folder (default: the one holding tools/)",
+    )
     args = parser.parse_args(argv)
     root = args.root.resolve()
     try:

@@ -15,17 +15,22 @@ def _model(x, weight, eps):
 
 def _close(got, want, what):
     assert isinstance(got, list) and len(got) == len(want), (
-        f"{what}: expected {len(want)} rows, got {got!r}")
+        f"{what}: expected {len(want)} rows, got {got!r}"
+    )
     for r, (g, w) in enumerate(zip(got, want)):
         assert len(g) == len(w), f"{what}: row {r} has {len(g)} entries, expected {len(w)}"
         for i, (a, b) in enumerate(zip(g, w)):
             assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12), (
-                f"{what}: row {r}, entry {i}: got {a}, expected {b}")
+                f"{what}: row {r}, entry {i}: got {a}, expected {b}"
+            )
 
 
 def test_example(solution):
-    _close(solution.rms_norm([[3.0, 4.0]], [1.0, 2.0], 0.0), [[3 / 12.5 ** 0.5, 8 / 12.5 ** 0.5]],
-           "rms_norm([[3, 4]], [1, 2], 0)")
+    _close(
+        solution.rms_norm([[3.0, 4.0]], [1.0, 2.0], 0.0),
+        [[3 / 12.5**0.5, 8 / 12.5**0.5]],
+        "rms_norm([[3, 4]], [1, 2], 0)",
+    )
 
 
 def test_weight_per_column(solution):
@@ -36,8 +41,11 @@ def test_weight_per_column(solution):
 
 def test_eps_inside_the_square_root(solution):
     x, w = [[1e-3, -1e-3]], [1.0, 1.0]
-    _close(solution.rms_norm(x, w, 1e-6), _model(x, w, 1e-6),
-           "tiny row where eps is as large as the mean square")
+    _close(
+        solution.rms_norm(x, w, 1e-6),
+        _model(x, w, 1e-6),
+        "tiny row where eps is as large as the mean square",
+    )
 
 
 def test_zero_row(solution):

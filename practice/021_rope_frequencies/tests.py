@@ -1,8 +1,13 @@
 import math
 import random
 
-LLAMA31 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-           "original_max_position_embeddings": 8192}
+LLAMA31 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 
 def _model(head_dim, base, s):
@@ -20,14 +25,16 @@ def _model(head_dim, base, s):
             out.append(f / s["factor"])
         else:
             t = (s["original_max_position_embeddings"] / w - s["low_freq_factor"]) / (
-                s["high_freq_factor"] - s["low_freq_factor"])
+                s["high_freq_factor"] - s["low_freq_factor"]
+            )
             out.append(f * t + f / s["factor"] * (1 - t))
     return out
 
 
 def _close(got, want, what):
     assert isinstance(got, list) and len(got) == len(want), (
-        f"{what}: expected a list of {len(want)} values, got {got!r}")
+        f"{what}: expected a list of {len(want)} values, got {got!r}"
+    )
     for i, (a, b) in enumerate(zip(got, want)):
         assert math.isclose(a, b, rel_tol=1e-9), f"{what}: pair {i}: got {a}, expected {b}"
 
@@ -59,8 +66,11 @@ def test_llama31_blended_pairs(solution):
     base = _model(128, 500000.0, None)
     blended = [i for i in range(64) if base[i] / 8 < want[i] < base[i]]
     assert blended, "the test's own settings should have blended pairs"
-    _close([got[i] for i in blended], [want[i] for i in blended],
-           "Llama 3.1: the pairs between (blended)")
+    _close(
+        [got[i] for i in blended],
+        [want[i] for i in blended],
+        "Llama 3.1: the pairs between (blended)",
+    )
     _close(got, want, "Llama 3.1: every pair")
 
 
@@ -78,16 +88,29 @@ def test_random_settings(solution):
         head_dim = rng.choice([16, 32, 64, 128])
         base = rng.choice([10000.0, 500000.0, 1e6])
         low = rng.uniform(0.5, 2.0)
-        s = {"rope_type": "llama3", "factor": rng.uniform(2, 32), "low_freq_factor": low,
-             "high_freq_factor": low + rng.uniform(0.5, 6.0),
-             "original_max_position_embeddings": rng.choice([2048, 4096, 8192])}
-        _close(solution.rope_inv_freq(head_dim, base, s), _model(head_dim, base, s),
-               f"random case {case} ({s})")
+        s = {
+            "rope_type": "llama3",
+            "factor": rng.uniform(2, 32),
+            "low_freq_factor": low,
+            "high_freq_factor": low + rng.uniform(0.5, 6.0),
+            "original_max_position_embeddings": rng.choice([2048, 4096, 8192]),
+        }
+        _close(
+            solution.rope_inv_freq(head_dim, base, s),
+            _model(head_dim, base, s),
+            f"random case {case} ({s})",
+        )
 
 
 def test_odd_head_dim(solution):
     for head_dim in (5, 7):
-        _close(solution.rope_inv_freq(head_dim, 10000.0, None), _model(head_dim, 10000.0, None),
-               f"head_dim {head_dim}: head_dim // 2 pairs (the odd dimension has no partner)")
-        _close(solution.rope_inv_freq(head_dim, 10000.0, LLAMA31),
-               _model(head_dim, 10000.0, LLAMA31), f"head_dim {head_dim}, llama3")
+        _close(
+            solution.rope_inv_freq(head_dim, 10000.0, None),
+            _model(head_dim, 10000.0, None),
+            f"head_dim {head_dim}: head_dim // 2 pairs (the odd dimension has no partner)",
+        )
+        _close(
+            solution.rope_inv_freq(head_dim, 10000.0, LLAMA31),
+            _model(head_dim, 10000.0, LLAMA31),
+            f"head_dim {head_dim}, llama3",
+        )

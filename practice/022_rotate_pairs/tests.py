@@ -14,22 +14,30 @@ def _model(x, pos, freqs):
 
 def _close(got, want, what):
     assert isinstance(got, list) and len(got) == len(want), (
-        f"{what}: expected {len(want)} values, got {got!r}")
+        f"{what}: expected {len(want)} values, got {got!r}"
+    )
     for i, (a, b) in enumerate(zip(got, want)):
         assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), (
-            f"{what}: dim {i}: got {a}, expected {b}")
+            f"{what}: dim {i}: got {a}, expected {b}"
+        )
 
 
 def test_quarter_turn(solution):
-    _close(solution.apply_rotary([1.0, 0.0], 1, [math.pi / 2]), [0.0, 1.0],
-           "apply_rotary([1, 0], 1, [pi/2])")
+    _close(
+        solution.apply_rotary([1.0, 0.0], 1, [math.pi / 2]),
+        [0.0, 1.0],
+        "apply_rotary([1, 0], 1, [pi/2])",
+    )
 
 
 def test_pairs_are_i_and_i_plus_half(solution):
     x = [1.0, 2.0, 3.0, 4.0]
     freqs = [0.5, 0.25]
-    _close(solution.apply_rotary(x, 3, freqs), _model(x, 3, freqs),
-           "D = 4: dim 0 pairs with dim 2, dim 1 with dim 3")
+    _close(
+        solution.apply_rotary(x, 3, freqs),
+        _model(x, 3, freqs),
+        "D = 4: dim 0 pairs with dim 2, dim 1 with dim 3",
+    )
 
 
 def test_position_zero(solution):
@@ -55,11 +63,13 @@ def test_relative_positions(solution):
 
     base = dot(solution.apply_rotary(q, 7, freqs), solution.apply_rotary(k, 3, freqs))
     for shift in (1, 10, 100):
-        moved = dot(solution.apply_rotary(q, 7 + shift, freqs),
-                    solution.apply_rotary(k, 3 + shift, freqs))
+        moved = dot(
+            solution.apply_rotary(q, 7 + shift, freqs), solution.apply_rotary(k, 3 + shift, freqs)
+        )
         assert math.isclose(base, moved, rel_tol=1e-9, abs_tol=1e-9), (
             f"q.k at positions (7, 3) is {base} but at (7+{shift}, 3+{shift}) is {moved}: "
-            "it should depend on the distance only")
+            "it should depend on the distance only"
+        )
 
 
 def test_random(solution):

@@ -41,22 +41,33 @@ def test_expert_count_from_argument(solution):
     p = "model.layers.0.mlp.experts"
     got = solution.merge_rule(f"{p}.1.down_proj.weight", 2)
     assert got is not None and len(got[1]) == 2, (
-        f"with num_experts=2 the down group has 2 parts, got {got!r}")
+        f"with num_experts=2 the down group has 2 parts, got {got!r}"
+    )
 
 
 def test_kept_as_they_are(solution):
-    for name in ["model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.down_proj.weight",
-                 "model.layers.0.self_attn.q_norm.weight", "model.layers.0.mlp.gate.weight",
-                 "model.embed_tokens.weight", "lm_head.weight", "model.norm.weight",
-                 "model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.o_proj.bias",
-                 "model.layers.0.mlp.up_proj.bias", "model.layers.0.self_attn.q_proj.weight.x",
-                 "model.layers.0.mlp.experts.x.gate_proj.weight",
-                 # almost right: another attention, a vision tower's, no prefix, a shared
-                 # expert's MLP, an expert's bias
-                 "model.layers.0.cross_attn.q_proj.weight", "visual.blocks.0.attn.k_proj.weight",
-                 "model.layers.0.self_attention.v_proj.weight", "self_attn.q_proj.weight",
-                 "model.layers.0.mlp.shared_expert.gate_proj.weight",
-                 "model.layers.0.mlp.experts.0.gate_proj.bias",
-                 "model.layers.0.mlp.experts.1.down_proj.bias"]:
+    for name in [
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.mlp.gate.weight",
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.self_attn.o_proj.bias",
+        "model.layers.0.mlp.up_proj.bias",
+        "model.layers.0.self_attn.q_proj.weight.x",
+        "model.layers.0.mlp.experts.x.gate_proj.weight",
+        # almost right: another attention, a vision tower's, no prefix, a shared
+        # expert's MLP, an expert's bias
+        "model.layers.0.cross_attn.q_proj.weight",
+        "visual.blocks.0.attn.k_proj.weight",
+        "model.layers.0.self_attention.v_proj.weight",
+        "self_attn.q_proj.weight",
+        "model.layers.0.mlp.shared_expert.gate_proj.weight",
+        "model.layers.0.mlp.experts.0.gate_proj.bias",
+        "model.layers.0.mlp.experts.1.down_proj.bias",
+    ]:
         got = solution.merge_rule(name, 4)
         assert got is None, f"merge_rule({name!r}, 4) should be None (kept as it is), got {got!r}"

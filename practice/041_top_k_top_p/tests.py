@@ -19,7 +19,8 @@ def _check(solution, probs, top_k, top_p, what):
     want = _model(probs, top_k, top_p)
     got = solution.top_k_top_p_filter([list(r) for r in probs], list(top_k), list(top_p))
     assert got == want, (
-        f"{what}: top_k={top_k}, top_p={top_p}, probs={probs}\n got  {got}\n want {want}")
+        f"{what}: top_k={top_k}, top_p={top_p}, probs={probs}\n got  {got}\n want {want}"
+    )
 
 
 def test_examples(solution):
@@ -49,7 +50,7 @@ def _rounded_away_tail(vocab):
     probabilities reaches 1.0 before the tail, as a softmax's does over a large vocabulary."""
     rng = random.Random(4096)
     head = [16, 12, 9, 8, 6, 5, 4, 2, 1, 1]  # 64ths
-    row = [2.0 ** -60] * vocab
+    row = [2.0**-60] * vocab
     for token, count in zip(rng.sample(range(vocab), len(head)), head):
         row[token] = count / 64
     return row
@@ -59,9 +60,11 @@ def test_top_p_one_is_no_limit_whatever_the_rounding(solution):
     row = _rounded_away_tail(32000)
     got = solution.top_k_top_p_filter([list(row)], [-1], [1.0])
     zeroed = sum(1 for g, v in zip(got[0], row) if v and not g)
-    assert got == [row], (f"top_p=1.0 is no limit: every token is kept, but {zeroed} of 32,000 "
-                          "were zeroed (a float sum of the ranked probabilities reaches 1.0 "
-                          "before the tail: p >= 1.0 must not cut at all)")
+    assert got == [row], (
+        f"top_p=1.0 is no limit: every token is kept, but {zeroed} of 32,000 "
+        "were zeroed (a float sum of the ranked probabilities reaches 1.0 "
+        "before the tail: p >= 1.0 must not cut at all)"
+    )
     short = _rounded_away_tail(40)
     _check(solution, [short], [-1], [1.0], "p=1.0 over a tail that sums away")
     _check(solution, [short], [20], [1.0], "k=20, p=1.0 over a tail that sums away")

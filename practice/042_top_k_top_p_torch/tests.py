@@ -29,16 +29,19 @@ def _distinct_row(rng, vocab):
 def _check(solution, rows, ks, ps, what):
     probs = torch.tensor(rows, dtype=torch.float32)
     before = probs.clone()
-    got = solution.top_k_top_p_filter(probs, torch.tensor(ks, dtype=torch.int64),
-                                      torch.tensor(ps, dtype=torch.float32))
+    got = solution.top_k_top_p_filter(
+        probs, torch.tensor(ks, dtype=torch.int64), torch.tensor(ps, dtype=torch.float32)
+    )
     assert isinstance(got, torch.Tensor), f"{what}: expected a tensor, got {type(got).__name__}"
     assert got.shape == probs.shape and got.dtype == probs.dtype, (
         f"{what}: expected shape {tuple(probs.shape)} {probs.dtype}, got {tuple(got.shape)} "
-        f"{got.dtype}")
+        f"{got.dtype}"
+    )
     assert torch.equal(probs, before), f"{what}: the input tensor was changed"
     want = _model(rows, ks, ps)
     assert got.tolist() == want, (
-        f"{what}: top_k={ks}, top_p={ps}\n got  {got.tolist()}\n want {want}")
+        f"{what}: top_k={ks}, top_p={ps}\n got  {got.tolist()}\n want {want}"
+    )
 
 
 def test_top_p_mass_before(solution):
@@ -76,15 +79,17 @@ def test_top_p_one_is_no_limit_on_a_float32_softmax(solution):
     # a float32 cumsum over 32k tokens reaches 1.0 before the tail: p >= 1.0 must not cut
     gen = torch.Generator().manual_seed(4)
     probs = torch.softmax(torch.randn(2, 32000, generator=gen) * 3, dim=-1)
-    got = solution.top_k_top_p_filter(probs.clone(), torch.tensor([-1, 100]),
-                                      torch.tensor([1.0, 1.0]))
+    got = solution.top_k_top_p_filter(
+        probs.clone(), torch.tensor([-1, 100]), torch.tensor([1.0, 1.0])
+    )
     want = probs.clone()
     want[1, probs[1].argsort(descending=True)[100:]] = 0.0
     zeroed = int(((got == 0) & (want != 0)).sum())
     assert torch.equal(got, want), (
-        f"top_p=1.0 is no limit: {zeroed} tokens of a softmax over 32,000 were zeroed")
+        f"top_p=1.0 is no limit: {zeroed} tokens of a softmax over 32,000 were zeroed"
+    )
     # exactly: 1.0 in ten tokens, then a tail of 2**-30 each that a float32 sum rounds away
-    row = [2.0 ** -30] * 300
+    row = [2.0**-30] * 300
     for token, count in zip(range(3, 300, 29), [16, 12, 9, 8, 6, 5, 4, 2, 1, 1]):
         row[token] = count / 64
     _check(solution, [row, row], [-1, 0], [1.0, 1.0], "p=1.0 over a tail that sums away")
@@ -125,11 +130,16 @@ def test_no_python_loop(solution):
     def lines(batch, vocab):
         probs = torch.softmax(torch.randn(batch, vocab, generator=gen), dim=-1)
         repeat = batch // len(settings[0])
-        return _lines_run(solution, probs, torch.tensor(settings[0] * repeat),
-                          torch.tensor(settings[1] * repeat, dtype=torch.float32))
+        return _lines_run(
+            solution,
+            probs,
+            torch.tensor(settings[0] * repeat),
+            torch.tensor(settings[1] * repeat, dtype=torch.float32),
+        )
 
     small, more_rows, more_tokens = lines(4, 16), lines(256, 16), lines(4, 1024)
     assert max(more_rows, more_tokens) <= small + 8, (
         f"a call ran {small} lines of your code for 4 rows of 16 tokens, {more_rows} for 256 "
         f"rows, {more_tokens} for 1024 tokens: a Python loop over rows or tokens (a for, a "
-        "comprehension, map with a lambda); do it with tensor operations on the whole batch")
+        "comprehension, map with a lambda); do it with tensor operations on the whole batch"
+    )

@@ -18,8 +18,10 @@ def _check(solution, row, cached, device, free, size, what):
     got = solution.give_pages(*args)
     want = _model(row, cached, device, free, size)
     got = (list(got[0]), list(got[1]))
-    assert got == want, (f"{what}: give_pages(row, {cached}, {device}, {free}, {size}) returned "
-                         f"{got}, expected {want}")
+    assert got == want, (
+        f"{what}: give_pages(row, {cached}, {device}, {free}, {size}) returned "
+        f"{got}, expected {want}"
+    )
     assert (args[0], args[3]) == (row, free), f"{what}: the inputs were changed"
     return got
 
@@ -57,6 +59,13 @@ def test_random_steps(solution):
         row, free, cached = [-1] * (12 * size), pages, 0
         while cached < 12 * size:
             device = min(12 * size, cached + rng.choice([1, 1, 2, 3, size * 2]))
-            row, free = _check(solution, row, cached, device, free, size,
-                               f"random case {case}, positions {cached}..{device - 1}")
+            row, free = _check(
+                solution,
+                row,
+                cached,
+                device,
+                free,
+                size,
+                f"random case {case}, positions {cached}..{device - 1}",
+            )
             cached = device

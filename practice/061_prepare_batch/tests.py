@@ -16,8 +16,13 @@ def _model(reqs, table):
 
 
 def _req(inp, out, cached, device, row):
-    return {"input_ids": inp, "output_ids": out, "cached_len": cached, "device_len": device,
-            "table_idx": row}
+    return {
+        "input_ids": inp,
+        "output_ids": out,
+        "cached_len": cached,
+        "device_len": device,
+        "table_idx": row,
+    }
 
 
 def _check(solution, reqs, table, what):

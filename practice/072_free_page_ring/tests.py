@@ -33,19 +33,23 @@ class _Watched:
         ring, queue = self.pages.ring, list(self.queue)
         assert ring is self.list, f"{what}: ring is a new list; write into the one you made"
         assert len(ring) == self.num_pages, (
-            f"{what}: ring has {len(ring)} entries, not {self.num_pages}")
+            f"{what}: ring has {len(ring)} entries, not {self.num_pages}"
+        )
         free = self.pages.free_pages()
         assert isinstance(free, list), f"{what}: free_pages() returned a {type(free).__name__}"
         assert free is not ring, f"{what}: free_pages() returned ring itself, not a new list"
         assert free == queue, f"{what}: free_pages() is {free}, expected {queue}"
         assert self.pages.num_free == len(queue), (
-            f"{what}: num_free is {self.pages.num_free}, expected {len(queue)}")
+            f"{what}: num_free is {self.pages.num_free}, expected {len(queue)}"
+        )
         if not queue:
             self.heads = set(range(self.num_pages))  # nothing free: the head may be anywhere
             return
         self.heads = {head for head in self.heads if self._run(head, len(queue)) == queue}
-        assert self.heads, (f"{what}: ring is {ring}, but the free pages {queue} are not at "
-                            "ring[head], ring[head + 1], ... where the earlier steps left them")
+        assert self.heads, (
+            f"{what}: ring is {ring}, but the free pages {queue} are not at "
+            "ring[head], ring[head + 1], ... where the earlier steps left them"
+        )
 
     def _run(self, head: int, n: int) -> list:
         return [self.pages.ring[(head + j) % self.num_pages] for j in range(n)]
@@ -81,7 +85,8 @@ def test_too_many(solution):
         raise
     except RuntimeError:
         assert ring.pages.ring == before, (
-            f"a refused take changed ring from {before} to {ring.pages.ring}")
+            f"a refused take changed ring from {before} to {ring.pages.ring}"
+        )
         ring.check("after a refused take")
         return
     raise AssertionError("take(2) with 1 page free should raise RuntimeError")

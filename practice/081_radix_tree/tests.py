@@ -27,7 +27,7 @@ class _Model:
         n = len(ids) // self.page_size * self.page_size
         m = self._walk(ids[:n])
         for end in range(m + self.page_size, n + 1, self.page_size):
-            self.pages[tuple(ids[:end])] = list(slots[end - self.page_size:end])
+            self.pages[tuple(ids[:end])] = list(slots[end - self.page_size : end])
         if n > m:
             self.nodes.add(tuple(ids[:n]))
         return m
@@ -35,9 +35,12 @@ class _Model:
     def edges(self):
         out = []
         for node in self.nodes:
-            parent = max((p for p in self.nodes if len(p) < len(node) and node[: len(p)] == p),
-                         key=len, default=())
-            out.append(node[len(parent):])
+            parent = max(
+                (p for p in self.nodes if len(p) < len(node) and node[: len(p)] == p),
+                key=len,
+                default=(),
+            )
+            out.append(node[len(parent) :])
         return sorted(out)
 
 
@@ -46,19 +49,29 @@ def _run(solution, page_size, ops, what):
     for step, (op, args) in enumerate(ops):
         got, want = getattr(cache, op)(*args), getattr(model, op)(*args)
         got = list(got) if op == "match" else got
-        assert got == want, (f"{what}, step {step}: {op}{args} returned {got!r}, expected "
-                             f"{want!r} (page size {page_size})")
+        assert got == want, (
+            f"{what}, step {step}: {op}{args} returned {got!r}, expected "
+            f"{want!r} (page size {page_size})"
+        )
         got_edges = [tuple(e) for e in cache.edges()]
         assert got_edges == model.edges(), (
             f"{what}, after step {step} ({op}{args}): edges() is {got_edges}, expected "
-            f"{model.edges()}")
+            f"{model.edges()}"
+        )
 
 
 def test_readme_example(solution):
-    _run(solution, 1, [("insert", ([1, 2, 3, 4], [10, 11, 12, 13])),
-                       ("insert", ([1, 2, 5], [20, 21, 22])),
-                       ("match", ([1, 2, 5, 9],)),
-                       ("match", ([1],))], "README example")
+    _run(
+        solution,
+        1,
+        [
+            ("insert", ([1, 2, 3, 4], [10, 11, 12, 13])),
+            ("insert", ([1, 2, 5], [20, 21, 22])),
+            ("match", ([1, 2, 5, 9],)),
+            ("match", ([1],)),
+        ],
+        "README example",
+    )
 
 
 def test_empty_tree(solution):
@@ -68,32 +81,58 @@ def test_empty_tree(solution):
 
 
 def test_old_slots_win(solution):
-    _run(solution, 1, [("insert", ([7, 8, 9], [1, 2, 3])),
-                       ("insert", ([7, 8, 9, 6], [40, 41, 42, 43])),
-                       ("match", ([7, 8, 9, 6, 5],))], "inserting a longer sequence")
+    _run(
+        solution,
+        1,
+        [
+            ("insert", ([7, 8, 9], [1, 2, 3])),
+            ("insert", ([7, 8, 9, 6], [40, 41, 42, 43])),
+            ("match", ([7, 8, 9, 6, 5],)),
+        ],
+        "inserting a longer sequence",
+    )
 
 
 def test_whole_pages_only(solution):
-    _run(solution, 4, [("insert", ([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5])),
-                       ("match", ([1, 2, 3, 4, 5, 6],)),
-                       ("match", ([1, 2, 3],)),
-                       ("insert", ([1, 2, 3], [9, 9, 9]))], "page size 4, partial pages")
+    _run(
+        solution,
+        4,
+        [
+            ("insert", ([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5])),
+            ("match", ([1, 2, 3, 4, 5, 6],)),
+            ("match", ([1, 2, 3],)),
+            ("insert", ([1, 2, 3], [9, 9, 9])),
+        ],
+        "page size 4, partial pages",
+    )
 
 
 def test_split_on_page_boundary(solution):
-    _run(solution, 2, [("insert", ([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5])),
-                       ("insert", ([1, 2, 3, 9, 5, 6], [10, 11, 12, 13, 14, 15])),
-                       ("match", ([1, 2, 3, 4, 5],)),
-                       ("insert", ([1, 2, 8, 8], [20, 21, 22, 23]))],
-         "page size 2, sequences that differ inside a page")
+    _run(
+        solution,
+        2,
+        [
+            ("insert", ([1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5])),
+            ("insert", ([1, 2, 3, 9, 5, 6], [10, 11, 12, 13, 14, 15])),
+            ("match", ([1, 2, 3, 4, 5],)),
+            ("insert", ([1, 2, 8, 8], [20, 21, 22, 23])),
+        ],
+        "page size 2, sequences that differ inside a page",
+    )
 
 
 def test_children_by_first_page(solution):
-    _run(solution, 2, [("insert", ([1, 2, 3, 4], [0, 1, 2, 3])),
-                       ("insert", ([1, 3, 3, 4], [4, 5, 6, 7])),
-                       ("match", ([1, 3, 3, 4],)),
-                       ("match", ([1, 2, 3, 4],))],
-         "page size 2, two children with the same first token")
+    _run(
+        solution,
+        2,
+        [
+            ("insert", ([1, 2, 3, 4], [0, 1, 2, 3])),
+            ("insert", ([1, 3, 3, 4], [4, 5, 6, 7])),
+            ("match", ([1, 3, 3, 4],)),
+            ("match", ([1, 2, 3, 4],)),
+        ],
+        "page size 2, two children with the same first token",
+    )
 
 
 def test_random(solution):

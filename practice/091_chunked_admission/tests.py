@@ -25,8 +25,13 @@ def _model(waiting, budget, available, reserved, rows, page_size):
 
 
 def _req(uid, prompt, max_tokens, cached=0, admitted=False):
-    return {"uid": uid, "prompt_len": prompt, "max_tokens": max_tokens, "cached_len": cached,
-            "admitted": admitted}
+    return {
+        "uid": uid,
+        "prompt_len": prompt,
+        "max_tokens": max_tokens,
+        "cached_len": cached,
+        "admitted": admitted,
+    }
 
 
 def _check(solution, waiting, budget, available, reserved, rows, page_size, what):
@@ -34,9 +39,11 @@ def _check(solution, waiting, budget, available, reserved, rows, page_size, what
     got = solution.schedule_prefill(waiting, budget, available, reserved, rows, page_size)
     want = _model(before, budget, available, reserved, rows, page_size)
     got = [tuple(c) for c in got]
-    assert got == want, (f"{what}: got {got}, expected {want}\n  waiting={before}, budget="
-                         f"{budget}, available={available}, reserved={reserved}, rows={rows}, "
-                         f"page_size={page_size}")
+    assert got == want, (
+        f"{what}: got {got}, expected {want}\n  waiting={before}, budget="
+        f"{budget}, available={available}, reserved={reserved}, rows={rows}, "
+        f"page_size={page_size}"
+    )
     assert waiting == before, f"{what}: the request dicts were changed"
 
 
@@ -86,5 +93,13 @@ def test_random(solution):
             admitted = uid < 2 and rng.random() < 0.5
             cached = rng.randint(0, prompt - 1)
             waiting.append(_req(uid, prompt, rng.randint(1, 20), cached, admitted))
-        _check(solution, waiting, rng.randint(0, 60), rng.randint(0, 60), rng.randint(0, 10),
-               rng.randint(0, 4), page_size, f"random case {case}")
+        _check(
+            solution,
+            waiting,
+            rng.randint(0, 60),
+            rng.randint(0, 60),
+            rng.randint(0, 10),
+            rng.randint(0, 4),
+            page_size,
+            f"random case {case}",
+        )

@@ -23,8 +23,12 @@ def test_ignore_eos_keeps_it(solution):
 
 
 def test_only_the_last_is_dropped(solution):
-    _check(solution, ([5], [0, 2, 0], False, {0}, _decode), "<eos>b",
-           "an EOS before the last stays in the text")
+    _check(
+        solution,
+        ([5], [0, 2, 0], False, {0}, _decode),
+        "<eos>b",
+        "an EOS before the last stays in the text",
+    )
 
 
 def test_ended_by_length(solution):

@@ -1,7 +1,23 @@
 import random
 
-VOCAB = [b"h", b"\xc3", b"\xa9", b"!", b"e", b"llo", b" ", b"\xe4", b"\xb8\x96", b"\xf0\x9f",
-         b"\x98", b"\x80", b"\xff", "wörld".encode(), "世界".encode(), b"a"]
+VOCAB = [
+    b"h",
+    b"\xc3",
+    b"\xa9",
+    b"!",
+    b"e",
+    b"llo",
+    b" ",
+    b"\xe4",
+    b"\xb8\x96",
+    b"\xf0\x9f",
+    b"\x98",
+    b"\x80",
+    b"\xff",
+    "wörld".encode(),
+    "世界".encode(),
+    b"a",
+]
 WHOLE = [0, 3, 4, 5, 6, 13, 14, 15]  # tokens that are whole characters
 
 
@@ -30,8 +46,10 @@ def _stream(solution, groups, what, finish=True):
         assert isinstance(piece, str), f"{what}: feed returned {piece!r}, not a str"
         sent += piece
         want = _full(ids) if last else _full(ids).rstrip("\ufffd")
-        assert sent == want, (f"{what}: after feeding {groups[: n + 1]} (finished={last}) the "
-                              f"pieces join to {sent!r}, expected {want!r}")
+        assert sent == want, (
+            f"{what}: after feeding {groups[: n + 1]} (finished={last}) the "
+            f"pieces join to {sent!r}, expected {want!r}"
+        )
     return decode
 
 
@@ -72,8 +90,10 @@ def test_windows_stay_small(solution):
     rng = random.Random(111)
     groups = [[rng.choice(WHOLE)] for _ in range(300)]
     decode = _stream(solution, groups, "300 whole-character tokens")
-    assert decode.longest <= 8, (f"a decode call got {decode.longest} ids: decode a window from "
-                                 "surr_offset, not everything so far")
+    assert decode.longest <= 8, (
+        f"a decode call got {decode.longest} ids: decode a window from "
+        "surr_offset, not everything so far"
+    )
 
 
 def test_random(solution):
@@ -83,6 +103,6 @@ def test_random(solution):
         groups, i = [], 0
         while i < len(ids) or not groups:
             n = rng.choice([0, 1, 1, 1, 2, 3])
-            groups.append(ids[i:i + n])
+            groups.append(ids[i : i + n])
             i += n
         _stream(solution, groups, f"random case {case}")

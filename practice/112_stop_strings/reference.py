@@ -29,5 +29,7 @@ class StopCutter:
 
     def _partial_stop_length(self) -> int:
         """The longest end of the text that begins a stop string (and is not all of it)."""
-        return max((k for s in self.stops for k in range(1, len(s))
-                    if self.text.endswith(s[:k])), default=0)
+        return max(
+            (k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])),
+            default=0,
+        )

@@ -10,7 +10,7 @@ def _expected(text, stops, finished):
     hold = 0
     for s in stops:
         for k in range(len(s) - 1, 0, -1):
-            if text[len(text) - k:] == s[:k] and len(text) >= k:
+            if text[len(text) - k :] == s[:k] and len(text) >= k:
                 hold = max(hold, k)
                 break
     return text[: len(text) - hold], False
@@ -31,11 +31,14 @@ def _stream(solution, stops, pieces, what, finish=False):
                 cut = want
         else:
             want, stopped = cut, True
-        assert sent == want, (f"{what}: stops={stops}, after pushing {pieces[: n + 1]} "
-                              f"(finished={last}) the returns join to {sent!r}, expected {want!r}")
+        assert sent == want, (
+            f"{what}: stops={stops}, after pushing {pieces[: n + 1]} "
+            f"(finished={last}) the returns join to {sent!r}, expected {want!r}"
+        )
         assert bool(cutter.stopped) == stopped, (
             f"{what}: after pushing {pieces[: n + 1]} stopped is {cutter.stopped}, "
-            f"expected {stopped}")
+            f"expected {stopped}"
+        )
 
 
 def test_readme_example(solution):
@@ -71,8 +74,12 @@ def test_empty_pieces(solution):
 def test_random(solution):
     rng = random.Random(112)
     for case in range(300):
-        stops = ["".join(rng.choice("abc") for _ in range(rng.randint(1, 4)))
-                 for _ in range(rng.randint(0, 3))]
-        pieces = ["".join(rng.choice("abcd") for _ in range(rng.randint(0, 3)))
-                  for _ in range(rng.randint(1, 8))]
+        stops = [
+            "".join(rng.choice("abc") for _ in range(rng.randint(1, 4)))
+            for _ in range(rng.randint(0, 3))
+        ]
+        pieces = [
+            "".join(rng.choice("abcd") for _ in range(rng.randint(0, 3)))
+            for _ in range(rng.randint(1, 8))
+        ]
         _stream(solution, stops, pieces, f"random case {case}", finish=rng.random() < 0.5)

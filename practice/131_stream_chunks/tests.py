@@ -20,8 +20,15 @@ def _model(replies, chat, usage, prompt):
         if r["finished"]:
             break
     if usage:
-        out.append({"usage": {"prompt_tokens": prompt, "completion_tokens": used,
-                              "total_tokens": prompt + used}})
+        out.append(
+            {
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": used,
+                    "total_tokens": prompt + used,
+                }
+            }
+        )
     out.append("[DONE]")
     return out
 
@@ -60,8 +67,16 @@ def test_after_finished_ignored(solution):
 def test_random(solution):
     rng = random.Random(131)
     for case in range(100):
-        replies = [_r(rng.choice(["", "", "a", "bc", " "]), rng.randint(0, 3))
-                   for _ in range(rng.randint(0, 6))]
+        replies = [
+            _r(rng.choice(["", "", "a", "bc", " "]), rng.randint(0, 3))
+            for _ in range(rng.randint(0, 6))
+        ]
         replies.append(_r(rng.choice(["", "z"]), rng.randint(0, 2), rng.choice(["stop", "length"])))
-        _check(solution, replies, rng.random() < 0.5, rng.random() < 0.5, rng.randint(1, 50),
-               f"random case {case}")
+        _check(
+            solution,
+            replies,
+            rng.random() < 0.5,
+            rng.random() < 0.5,
+            rng.randint(1, 50),
+            f"random case {case}",
+        )

@@ -46,7 +46,8 @@ def test_conversation_grows(solution):
     shell.handle("one")
     shell.handle("two")
     assert script.seen[1] == [_u("one"), _a("A"), _u("two")], (
-        f"the second turn should send the whole conversation, got {script.seen[1]}")
+        f"the second turn should send the whole conversation, got {script.seen[1]}"
+    )
     assert shell.history == [_u("one"), _a("A"), _u("two"), _a("BC")], f"history {shell.history}"
     assert shell.printed == "A\nBC\n", f"printed {shell.printed!r}"
 
@@ -58,8 +59,10 @@ def test_stopped_turn_left_out(solution):
     try:
         stopped = shell.handle("two")
     except KeyboardInterrupt:
-        raise AssertionError("Ctrl-C during a reply (KeyboardInterrupt from the stream) should "
-                             "stop the turn, not the shell") from None
+        raise AssertionError(
+            "Ctrl-C during a reply (KeyboardInterrupt from the stream) should "
+            "stop the turn, not the shell"
+        ) from None
     assert stopped is True, "a stopped turn returns True"
     assert shell.history == [_u("one"), _a("A")], f"a stopped turn stays out: {shell.history}"
     shell.handle("three")
@@ -93,7 +96,8 @@ def test_commands_are_whole_stripped_lines(solution):
     assert shell.handle("/resets") is True, "/resets is an unknown command"
     want = "".join(f"(unknown command {c}; {HELP})\n" for c in ("/help", "/exits", "/resets"))
     assert shell.printed == "A\n" + want, (
-        f"printed {shell.printed!r}: a command is the whole line, stripped")
+        f"printed {shell.printed!r}: a command is the whole line, stripped"
+    )
     assert shell.history == [_u("one"), _a("A")], f"/resets forgot the history: {shell.history}"
 
 
@@ -101,11 +105,13 @@ def test_empty_line(solution):
     script = _Script([])
     shell = solution.Shell(script)
     assert shell.handle("   ") is True and shell.printed == "" and script.seen == [], (
-        "an empty line does nothing")
+        "an empty line does nothing"
+    )
 
 
 def test_stream_gets_a_copy(solution):
     shell = solution.Shell(_Script([["x"]]))
     shell.handle("q")
     assert shell.history == [_u("q"), _a("x")], (
-        f"the stream appended to the list it got; the history must not change: {shell.history}")
+        f"the stream appended to the list it got; the history must not change: {shell.history}"
+    )

@@ -14,7 +14,8 @@ def _model(values, q):
 def _check(solution, values, q, want, what):
     got = solution.percentile(list(values), q)
     assert math.isclose(got, want, rel_tol=1e-12, abs_tol=1e-12), (
-        f"{what}: percentile({values}, {q}) gave {got}, expected {want}")
+        f"{what}: percentile({values}, {q}) gave {got}, expected {want}"
+    )
 
 
 def test_examples(solution):

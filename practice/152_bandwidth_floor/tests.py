@@ -20,8 +20,8 @@ def _check(solution, args, what):
     got = solution.decode_floor(*args)
     want = _model(*args)
     assert len(got) == 2 and all(
-        math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-15) for g, w in zip(got, want)), (
-        f"{what}: decode_floor{args if len(args[2]) < 8 else '(...)'} gave {got}, expected {want}")
+        math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-15) for g, w in zip(got, want)
+    ), f"{what}: decode_floor{args if len(args[2]) < 8 else '(...)'} gave {got}, expected {want}"
 
 
 def test_example(solution):
@@ -44,8 +44,17 @@ def test_random(solution):
         n = rng.randint(1, 12)
         ins = [rng.randint(1, 300) for _ in range(n)]
         outs = [rng.randint(1, 60) for _ in range(n)]
-        _check(solution, (rng.randint(10**6, 10**9), rng.randint(1000, 200000), ins, outs,
-                          rng.choice([1e12, 3.35e12, 4.8e12])), f"random case {case}")
+        _check(
+            solution,
+            (
+                rng.randint(10**6, 10**9),
+                rng.randint(1000, 200000),
+                ins,
+                outs,
+                rng.choice([1e12, 3.35e12, 4.8e12]),
+            ),
+            f"random case {case}",
+        )
 
 
 def test_nano_vllm_sized(solution):

@@ -22,8 +22,11 @@ def _attend(q, keys, values):
 
 
 def test_ranges_examples(solution):
-    for args, want in [((100, 4, 16), [(0, 32), (32, 64), (64, 96), (96, 100)]),
-                       ((10, 4, 16), [(0, 10)]), ((64, 2, 32), [(0, 32), (32, 64)])]:
+    for args, want in [
+        ((100, 4, 16), [(0, 32), (32, 64), (64, 96), (96, 100)]),
+        ((10, 4, 16), [(0, 10)]),
+        ((64, 2, 32), [(0, 32), (32, 64)]),
+    ]:
         got = [tuple(r) for r in solution.split_ranges(*args)]
         assert got == want, f"split_ranges{args}: got {got}, expected {want}"
 
@@ -41,20 +44,22 @@ def _check_merge(solution, q, keys, values, splits, block, what):
     got = solution.combine_splits([(list(o), lse) for o, lse in parts])
     want, _ = _attend(q, keys, values)
     assert len(got) == len(want) and all(
-        math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12) for g, w in zip(got, want)), (
-        f"{what}: merged output {got}, attention over all keys {want}")
+        math.isclose(g, w, rel_tol=1e-9, abs_tol=1e-12) for g, w in zip(got, want)
+    ), f"{what}: merged output {got}, attention over all keys {want}"
 
 
 def test_one_split(solution):
     out = solution.combine_splits([([0.5, -2.0], 3.0)])
     assert all(math.isclose(a, b) for a, b in zip(out, [0.5, -2.0])), (
-        f"one split is its own output, got {out}")
+        f"one split is its own output, got {out}"
+    )
 
 
 def test_two_equal_splits(solution):
     out = solution.combine_splits([([1.0, 0.0], 0.0), ([0.0, 1.0], 0.0)])
     assert all(math.isclose(a, b) for a, b in zip(out, [0.5, 0.5])), (
-        f"two splits with equal lse average, got {out}")
+        f"two splits with equal lse average, got {out}"
+    )
 
 
 def test_random_attention(solution):
@@ -64,8 +69,15 @@ def test_random_attention(solution):
         q = [rng.gauss(0, 1) for _ in range(d)]
         keys = [[rng.gauss(0, 1) for _ in range(d)] for _ in range(n)]
         values = [[rng.gauss(0, 1) for _ in range(d)] for _ in range(n)]
-        _check_merge(solution, q, keys, values, rng.choice([2, 3, 4, 8]), rng.choice([1, 8, 16]),
-                     f"random case {case}")
+        _check_merge(
+            solution,
+            q,
+            keys,
+            values,
+            rng.choice([2, 3, 4, 8]),
+            rng.choice([1, 8, 16]),
+            f"random case {case}",
+        )
 
 
 def test_large_scores(solution):
@@ -85,15 +97,17 @@ def test_splits_far_apart(solution):
         parts = [(list(big if lse == max(lses) else small), lse) for lse in lses]
         got = solution.combine_splits(parts)
         assert all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, big)), (
-            f"splits with lse {lses}: the largest one's output {big} is all that counts, "
-            f"got {got}")
+            f"splits with lse {lses}: the largest one's output {big} is all that counts, got {got}"
+        )
     parts = [([1.0, 0.0], -1000.0), ([0.0, 1.0], -1000.0 + math.log(3.0))]
     got = solution.combine_splits(parts)
     assert all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, [0.25, 0.75])), (
-        f"two splits with lse -1000 and -1000 + log 3 weigh 1 : 3, got {got}")
+        f"two splits with lse -1000 and -1000 + log 3 weigh 1 : 3, got {got}"
+    )
     rng = random.Random(1616)
     q = [1.0]
-    keys = [[rng.uniform(999.0, 1001.0)] for _ in range(8)] + \
-           [[rng.uniform(-1001.0, -999.0)] for _ in range(24)]
+    keys = [[rng.uniform(999.0, 1001.0)] for _ in range(8)] + [
+        [rng.uniform(-1001.0, -999.0)] for _ in range(24)
+    ]
     values = [[rng.gauss(0, 1)] for _ in range(32)]
     _check_merge(solution, q, keys[::-1], values, 4, 8, "scores near -1000 first, 1000 last")

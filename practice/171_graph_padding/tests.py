@@ -20,8 +20,17 @@ def model_padded(sizes: list[int], batch_size: int) -> int | None:
 
 
 def test_small_maxima(solution):
-    expected = {0: [], 1: [1], 2: [1, 2], 3: [1, 2], 4: [1, 2, 4], 7: [1, 2, 4],
-                8: [1, 2, 4, 8], 9: [1, 2, 4, 8], 23: [1, 2, 4, 8, 16]}
+    expected = {
+        0: [],
+        1: [1],
+        2: [1, 2],
+        3: [1, 2],
+        4: [1, 2, 4],
+        7: [1, 2, 4],
+        8: [1, 2, 4, 8],
+        9: [1, 2, 4, 8],
+        23: [1, 2, 4, 8, 16],
+    }
     for max_bs, sizes in expected.items():
         got = solution.graph_batch_sizes(max_bs)
         assert got == sizes, f"graph_batch_sizes({max_bs}) should be {sizes}, not {got}"
@@ -30,8 +39,9 @@ def test_small_maxima(solution):
 def test_every_maximum_up_to_300(solution):
     for max_bs in range(301):
         got = solution.graph_batch_sizes(max_bs)
-        assert list(got) == model_sizes(max_bs), \
+        assert list(got) == model_sizes(max_bs), (
             f"graph_batch_sizes({max_bs}) should be {model_sizes(max_bs)}, not {got}"
+        )
 
 
 def test_256_gives_35_graphs(solution):
@@ -58,8 +68,9 @@ def test_padding_around_every_maximum(solution):
         for batch in range(1, max_bs + 10):
             got = solution.padded_size(list(sizes), batch)
             want = model_padded(sizes, batch)
-            assert got == want, f"padded_size(sizes up to {max_bs}, {batch}) should be {want}, " \
-                                f"not {got}"
+            assert got == want, (
+                f"padded_size(sizes up to {max_bs}, {batch}) should be {want}, not {got}"
+            )
 
 
 def test_other_ascending_lists(solution):
@@ -81,5 +92,6 @@ def test_sizes_are_left_as_they_were(solution):
 def test_at_most_7_dummy_rows_up_to_256(solution):
     sizes = solution.graph_batch_sizes(256)
     worst = max(solution.padded_size(sizes, batch) - batch for batch in range(1, 257))
-    assert worst == 7, f"with a maximum of 256 the most dummy rows a batch carries is 7, " \
-                       f"not {worst}"
+    assert worst == 7, (
+        f"with a maximum of 256 the most dummy rows a batch carries is 7, not {worst}"
+    )

@@ -57,37 +57,58 @@ def check(solution, events: list[tuple]) -> None:
 def test_nothing_in_flight_frees_at_once(solution):
     events = [("release", "a"), ("launch",), ("process",), ("release", "b")]
     got = [tuple(g) for g in solution.free_events(events)]
-    assert got == [(0, "a"), (3, "b")], \
+    assert got == [(0, "a"), (3, "b")], (
         f"with no batch in flight a release frees at once: [(0, 'a'), (3, 'b')], not {got}"
+    )
 
 
 def test_one_batch_in_flight_waits_for_it(solution):
     events = [("launch",), ("release", "a"), ("launch",), ("process",), ("process",)]
     got = [tuple(g) for g in solution.free_events(events)]
-    assert got == [(3, "a")], f"'a' released while batch 1 runs is freed when batch 1 is " \
-                              f"processed (event 3): [(3, 'a')], not {got}"
+    assert got == [(3, "a")], (
+        f"'a' released while batch 1 runs is freed when batch 1 is "
+        f"processed (event 3): [(3, 'a')], not {got}"
+    )
 
 
 def test_the_overlap_step(solution):
     # Step 1 launches batches 1 and 2, processes 1: 'a' finishes there, with batch 2 in flight.
-    events = [("launch",), ("launch",), ("process",), ("release", "a"),
-              ("launch",), ("process",), ("release", "b"), ("process",)]
+    events = [
+        ("launch",),
+        ("launch",),
+        ("process",),
+        ("release", "a"),
+        ("launch",),
+        ("process",),
+        ("release", "b"),
+        ("process",),
+    ]
     got = [tuple(g) for g in solution.free_events(events)]
     want = [(5, "a"), (7, "b")]
-    assert got == want, f"each release waits for the batch in flight when it came: {want}, " \
-                        f"not {got}"
+    assert got == want, (
+        f"each release waits for the batch in flight when it came: {want}, not {got}"
+    )
 
 
 def test_two_batches_in_flight_wait_for_the_newer(solution):
     events = [("launch",), ("launch",), ("release", "a"), ("process",), ("process",)]
     got = [tuple(g) for g in solution.free_events(events)]
-    assert got == [(4, "a")], f"with batches 1 and 2 in flight 'a' waits for batch 2 " \
-                              f"(event 4), not the next process: [(4, 'a')], not {got}"
+    assert got == [(4, "a")], (
+        f"with batches 1 and 2 in flight 'a' waits for batch 2 "
+        f"(event 4), not the next process: [(4, 'a')], not {got}"
+    )
 
 
 def test_freed_exactly_once(solution):
-    events = [("launch",), ("release", "a"), ("release", "a"), ("process",),
-              ("release", "a"), ("release", "b"), ("release", "b")]
+    events = [
+        ("launch",),
+        ("release", "a"),
+        ("release", "a"),
+        ("process",),
+        ("release", "a"),
+        ("release", "b"),
+        ("release", "b"),
+    ]
     got = [tuple(g) for g in solution.free_events(events)]
     want = [(3, "a"), (5, "b")]
     assert got == want, f"an abort after a finish frees nothing more: {want}, not {got}"
@@ -96,8 +117,9 @@ def test_freed_exactly_once(solution):
 def test_never_processed_is_never_freed(solution):
     events = [("launch",), ("release", "a"), ("launch",), ("process",), ("release", "b")]
     got = [tuple(g) for g in solution.free_events(events)]
-    assert got == [(3, "a")], f"'b' waits for batch 2, which is never processed: " \
-                              f"[(3, 'a')], not {got}"
+    assert got == [(3, "a")], (
+        f"'b' waits for batch 2, which is never processed: [(3, 'a')], not {got}"
+    )
 
 
 def test_frees_at_one_event_keep_their_release_order(solution):
@@ -139,5 +161,6 @@ def test_random_event_orders_against_the_model(solution):
 def test_events_are_left_as_they_were(solution):
     events = [("launch",), ("release", "a"), ("process",)]
     solution.free_events(events)
-    assert events == [("launch",), ("release", "a"), ("process",)], \
+    assert events == [("launch",), ("release", "a"), ("process",)], (
         f"free_events changed its list: {events}"
+    )

@@ -29,10 +29,10 @@ def shard(matrix: list[list[float]], kind: str, rank: int, size: int) -> list[li
         return [list(r) for r in matrix[start:end]] + padding
     if kind == "column":
         part = _even(len(matrix), size)
-        return [list(r) for r in matrix[rank * part:(rank + 1) * part]]
+        return [list(r) for r in matrix[rank * part : (rank + 1) * part]]
     if kind == "row":
         part = _even(len(matrix[0]) if matrix else 0, size)
-        return [list(r[rank * part:(rank + 1) * part]) for r in matrix]
+        return [list(r[rank * part : (rank + 1) * part]) for r in matrix]
     if kind == "whole":
         return [list(r) for r in matrix]
     raise ValueError(f"unknown kind {kind!r}")

@@ -41,8 +41,9 @@ def test_qwen3_vocabulary_over_two_ranks(solution):
 def test_padding_and_an_empty_rank(solution):
     got = [tuple(solution.vocab_range(5, r, 4)) for r in range(4)]
     want = [(0, 2, 2), (2, 4, 2), (4, 5, 2), (5, 5, 2)]
-    assert got == want, f"5 rows over 4 ranks: every rank holds 2, the last none of them: " \
-                        f"{want}, not {got}"
+    assert got == want, (
+        f"5 rows over 4 ranks: every rank holds 2, the last none of them: {want}, not {got}"
+    )
 
 
 def test_vocab_ranges_against_the_model(solution):
@@ -51,8 +52,9 @@ def test_vocab_ranges_against_the_model(solution):
             for rank in range(size):
                 got = tuple(solution.vocab_range(vocab, rank, size))
                 want = model_range(vocab, rank, size)
-                assert got == want, f"vocab_range({vocab}, {rank}, {size}) should be {want}, " \
-                                    f"not {got}"
+                assert got == want, (
+                    f"vocab_range({vocab}, {rank}, {size}) should be {want}, not {got}"
+                )
 
 
 def test_vocab_shards_stack_back_to_the_table(solution):
@@ -62,12 +64,14 @@ def test_vocab_shards_stack_back_to_the_table(solution):
         table = matrix(rng, vocab, width)
         parts = [solution.shard(table, "vocab", r, size) for r in range(size)]
         rows = model_range(vocab, 0, size)[2]
-        assert all(len(p) == rows for p in parts), \
-            f"{vocab} rows over {size} ranks: every rank holds {rows} rows, not " \
+        assert all(len(p) == rows for p in parts), (
+            f"{vocab} rows over {size} ranks: every rank holds {rows} rows, not "
             f"{[len(p) for p in parts]}"
+        )
         stacked = [row for p in parts for row in p]
-        assert stacked[:vocab] == table, f"the ranks' rows in rank order are the table " \
-                                         f"({vocab} rows over {size} ranks)"
+        assert stacked[:vocab] == table, (
+            f"the ranks' rows in rank order are the table ({vocab} rows over {size} ranks)"
+        )
         assert all(v == 0 for row in stacked[vocab:] for v in row), "the padding rows are zeros"
         assert all(len(row) == width for row in stacked), f"every row has {width} columns"
 
@@ -79,8 +83,9 @@ def test_column_shards_split_the_output(solution):
         out, cols = size * rng.randint(1, 4), rng.randint(1, 5)
         w, x = matrix(rng, out, cols), [float(rng.randint(-3, 3)) for _ in range(cols)]
         parts = [solution.shard(w, "column", r, size) for r in range(size)]
-        assert [row for p in parts for row in p] == w, \
+        assert [row for p in parts for row in p] == w, (
             f"column-parallel shards over {size} ranks, in rank order, are the rows of the weight"
+        )
         gathered = [y for p in parts for y in matvec(p, x)]
         assert gathered == matvec(w, x), "each rank's outputs side by side are the full output"
 
@@ -93,14 +98,16 @@ def test_row_shards_split_the_input(solution):
         w, x = matrix(rng, out, cols), [float(rng.randint(-3, 3)) for _ in range(cols)]
         parts = [solution.shard(w, "row", r, size) for r in range(size)]
         width = cols // size
-        assert all(len(p) == out and all(len(row) == width for row in p) for p in parts), \
+        assert all(len(p) == out and all(len(row) == width for row in p) for p in parts), (
             f"a row-parallel shard keeps the {out} rows and takes {width} of {cols} columns"
+        )
         rejoined = [[v for p in parts for v in p[i]] for i in range(out)]
         assert rejoined == w, "the ranks' columns side by side are the weight"
-        partial = [matvec(p, x[r * width:(r + 1) * width]) for r, p in enumerate(parts)]
+        partial = [matvec(p, x[r * width : (r + 1) * width]) for r, p in enumerate(parts)]
         summed = [sum(ys) for ys in zip(*partial)]
-        assert summed == matvec(w, x), "the all-reduce (a sum) of the partial outputs is the " \
-                                       "full output"
+        assert summed == matvec(w, x), (
+            "the all-reduce (a sum) of the partial outputs is the full output"
+        )
 
 
 def test_whole_is_a_copy(solution):
@@ -114,13 +121,16 @@ def test_whole_is_a_copy(solution):
 
 def test_uneven_splits_are_errors(solution):
     w = [[1.0, 2.0, 3.0]] * 3
-    assert raises_value_error(lambda: solution.shard(w, "column", 0, 2)), \
+    assert raises_value_error(lambda: solution.shard(w, "column", 0, 2)), (
         "3 output rows over 2 ranks is a ValueError, not a guess"
-    assert raises_value_error(lambda: solution.shard(w, "row", 1, 2)), \
+    )
+    assert raises_value_error(lambda: solution.shard(w, "row", 1, 2)), (
         "3 input columns over 2 ranks is a ValueError, not a guess"
+    )
     got = solution.shard(w, "vocab", 1, 2)
-    assert got == [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], \
+    assert got == [[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]], (
         f"the vocabulary pads instead: rank 1 of 2 holds its row and a zero row, not {got}"
+    )
 
 
 def test_shards_are_copies(solution):

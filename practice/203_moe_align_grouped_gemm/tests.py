@@ -59,7 +59,8 @@ def problem(rng: random.Random, tokens: int, top_k: int, experts: int, exact: bo
 def close(a: list, b: list, tol: float) -> bool:
     return len(a) == len(b) and all(
         len(ra) == len(rb) and all(abs(p - q) <= tol for p, q in zip(ra, rb))
-        for ra, rb in zip(a, b))
+        for ra, rb in zip(a, b)
+    )
 
 
 def differ(got: tuple, want: tuple) -> str:
@@ -67,24 +68,32 @@ def differ(got: tuple, want: tuple) -> str:
     for name, g, w in zip(("sorted_ids", "expert_ids"), got, want):
         if g != w:
             i = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
-            return f"{name} should be {w[i:i + 8]}... from index {i}, not {g[i:i + 8]}... " \
-                   f"({len(w)} entries, not {len(g)})"
+            return (
+                f"{name} should be {w[i : i + 8]}... from index {i}, not {g[i : i + 8]}... "
+                f"({len(w)} entries, not {len(g)})"
+            )
     return f"the padded count should be {want[2]}, not {got[2]}"
 
 
 def aligned(solution, topk_ids: list, block_m: int, experts: int) -> tuple:
     got = solution.moe_align_block_size([list(r) for r in topk_ids], block_m, experts)
-    assert isinstance(got, tuple) and len(got) == 3, \
+    assert isinstance(got, tuple) and len(got) == 3, (
         "moe_align_block_size returns (sorted_ids, expert_ids, padded count)"
+    )
     return list(got[0]), list(got[1]), got[2]
 
 
 def test_the_pages_example(solution):
     got = aligned(solution, PAGE_IDS, 4, 8)
-    want = ([3, 4, 10, 10, 1, 10, 10, 10, 0, 7, 9, 10, 8, 10, 10, 10, 2, 6, 10, 10, 5, 10, 10, 10],
-            [1, 3, 4, 5, 6, 7], 24)
-    assert got == want, f"for the page's routing {PAGE_IDS} with block_m 4 and 8 experts the " \
-                        f"result is {want}, not {got}"
+    want = (
+        [3, 4, 10, 10, 1, 10, 10, 10, 0, 7, 9, 10, 8, 10, 10, 10, 2, 6, 10, 10, 5, 10, 10, 10],
+        [1, 3, 4, 5, 6, 7],
+        24,
+    )
+    assert got == want, (
+        f"for the page's routing {PAGE_IDS} with block_m 4 and 8 experts the "
+        f"result is {want}, not {got}"
+    )
 
 
 def test_block_of_one_has_no_placeholder(solution):
@@ -106,8 +115,10 @@ def test_random_routings_against_the_model(solution):
         block_m = rng.choice([1, 2, 3, 4, 8, 16, 64])
         got = aligned(solution, topk_ids, block_m, experts)
         want = model_align(topk_ids, block_m, experts)
-        assert got == want, f"moe_align_block_size for {len(topk_ids)} tokens, top-{top_k}, " \
-                            f"block_m {block_m}, {experts} experts: {differ(got, want)}"
+        assert got == want, (
+            f"moe_align_block_size for {len(topk_ids)} tokens, top-{top_k}, "
+            f"block_m {block_m}, {experts} experts: {differ(got, want)}"
+        )
 
 
 def test_no_tile_mixes_two_experts(solution):
@@ -117,13 +128,15 @@ def test_no_tile_mixes_two_experts(solution):
         topk_ids = routing(rng, rng.randint(1, 30), top_k, experts)
         sorted_ids, expert_ids, padded = aligned(solution, topk_ids, block_m, experts)
         flat = [e for row in topk_ids for e in row]
-        assert padded == len(sorted_ids) == len(expert_ids) * block_m, \
-            f"padded count {padded}, {len(sorted_ids)} ids and {len(expert_ids)} tiles of " \
+        assert padded == len(sorted_ids) == len(expert_ids) * block_m, (
+            f"padded count {padded}, {len(sorted_ids)} ids and {len(expert_ids)} tiles of "
             f"{block_m} do not agree"
-        assert sorted(p for p in sorted_ids if p != len(flat)) == list(range(len(flat))), \
+        )
+        assert sorted(p for p in sorted_ids if p != len(flat)) == list(range(len(flat))), (
             "every pair appears exactly once in sorted_ids"
+        )
         for tile, expert in enumerate(expert_ids):
-            rows = sorted_ids[tile * block_m:(tile + 1) * block_m]
+            rows = sorted_ids[tile * block_m : (tile + 1) * block_m]
             assert any(p != len(flat) for p in rows), f"tile {tile} holds only placeholders"
             wrong = [p for p in rows if p != len(flat) and flat[p] != expert]
             assert not wrong, f"tile {tile} is expert {expert}'s but holds pairs {wrong}"
@@ -148,8 +161,9 @@ def test_grouped_gemm_random_against_the_model(solution):
         sorted_ids, expert_ids, _ = model_align(topk_ids, block_m, experts)
         got = solution.grouped_gemm(x, w, weights, sorted_ids, expert_ids, block_m, top_k)
         want = model_moe(x, w, weights, topk_ids)
-        assert close(got, want, 1e-9), f"grouped_gemm for routing {topk_ids}, block_m " \
-                                       f"{block_m}: {got}, not {want}"
+        assert close(got, want, 1e-9), (
+            f"grouped_gemm for routing {topk_ids}, block_m {block_m}: {got}, not {want}"
+        )
 
 
 def test_grouped_gemm_walks_the_tiles_it_is_given(solution):
@@ -158,13 +172,14 @@ def test_grouped_gemm_walks_the_tiles_it_is_given(solution):
     topk_ids = [[0, 2], [2, 1], [1, 0], [2, 0]]
     x, w, weights = problem(rng, 4, 2, 3)
     sorted_ids, expert_ids, _ = model_align(topk_ids, 2, 3)
-    tiles = [(sorted_ids[i * 2:i * 2 + 2], e) for i, e in enumerate(expert_ids)]
+    tiles = [(sorted_ids[i * 2 : i * 2 + 2], e) for i, e in enumerate(expert_ids)]
     tiles = tiles[::-1] + [([8, 8], 1)]
     shuffled = [p for rows, _ in tiles for p in rows]
     got = solution.grouped_gemm(x, w, weights, shuffled, [e for _, e in tiles], 2, 2)
     want = model_moe(x, w, weights, topk_ids)
-    assert close(got, want, 0.0), f"with the tiles reversed and a tile of placeholders the " \
-                                  f"output is {got}, not {want}"
+    assert close(got, want, 0.0), (
+        f"with the tiles reversed and a tile of placeholders the output is {got}, not {want}"
+    )
 
 
 def test_grouped_gemm_takes_each_tiles_expert(solution):
@@ -173,8 +188,9 @@ def test_grouped_gemm_takes_each_tiles_expert(solution):
     x, w, weights = problem(rng, 2, 1, 3)
     got = solution.grouped_gemm(x, w, weights, [0, 1], [2, 1], 1, 1)
     want = model_moe(x, w, weights, [[2], [1]])
-    assert close(got, want, 0.0), f"tile 0 is expert 2's, so token 0 goes through w[2]: " \
-                                  f"{want}, not {got}"
+    assert close(got, want, 0.0), (
+        f"tile 0 is expert 2's, so token 0 goes through w[2]: {want}, not {got}"
+    )
 
 
 def test_inputs_are_left_as_they_were(solution):

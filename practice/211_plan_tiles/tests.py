@@ -24,8 +24,9 @@ def compositions(total: int, parts: int):
             yield [first] + rest
 
 
-def model_align(topk_ids: list[list[int]], num_experts: int, block_m: int,
-                capacity: int) -> tuple[list[int], list[int], int]:
+def model_align(
+    topk_ids: list[list[int]], num_experts: int, block_m: int, capacity: int
+) -> tuple[list[int], list[int], int]:
     """A stable sort of the pairs by expert, each run padded with the sentinel, then the tail."""
     flat = [e for row in topk_ids for e in row]
     sentinel = len(flat)
@@ -72,8 +73,9 @@ def capacity_of(solution, num_pairs: int, num_experts: int, block_m: int) -> int
 
 def aligned(solution, topk_ids: list, num_experts: int, block_m: int, block_t: int) -> tuple:
     got = solution.align([list(row) for row in topk_ids], num_experts, block_m, block_t)
-    assert isinstance(got, tuple) and len(got) == 3, \
+    assert isinstance(got, tuple) and len(got) == 3, (
         "align returns (sorted_ids, expert_ids, num_padded)"
+    )
     return list(got[0]), list(got[1]), got[2]
 
 
@@ -82,20 +84,25 @@ def differ(got: tuple, want: tuple) -> str:
     for name, g, w in zip(("sorted_ids", "expert_ids"), got, want):
         if g != w:
             i = next((i for i, (a, b) in enumerate(zip(g, w)) if a != b), min(len(g), len(w)))
-            return f"{name} should be {w[i:i + 8]}... from index {i}, not {g[i:i + 8]}... " \
-                   f"({len(w)} entries, not {len(g)})"
+            return (
+                f"{name} should be {w[i : i + 8]}... from index {i}, not {g[i : i + 8]}... "
+                f"({len(w)} entries, not {len(g)})"
+            )
     return f"num_padded should be {want[2]}, not {got[2]}"
 
 
-def check_align(solution, topk_ids: list, num_experts: int, block_m: int, block_t: int,
-                what: str) -> tuple:
+def check_align(
+    solution, topk_ids: list, num_experts: int, block_m: int, block_t: int, what: str
+) -> tuple:
     num_pairs = sum(len(row) for row in topk_ids)
     capacity = capacity_of(solution, num_pairs, num_experts, block_m)
     got = aligned(solution, topk_ids, num_experts, block_m, block_t)
     want = model_align(topk_ids, num_experts, block_m, capacity)
-    assert got == want, f"{what}: align({topk_ids if len(topk_ids) <= 6 else '...'}, " \
-                        f"{num_experts}, block_m={block_m}, block_t={block_t}): " \
-                        f"{differ(got, want)}"
+    assert got == want, (
+        f"{what}: align({topk_ids if len(topk_ids) <= 6 else '...'}, "
+        f"{num_experts}, block_m={block_m}, block_t={block_t}): "
+        f"{differ(got, want)}"
+    )
     return got
 
 
@@ -103,14 +110,19 @@ def test_max_tiles_is_the_worst_case(solution):
     for block_m in (1, 2, 3, 4):
         for experts in range(1, 6):
             for pairs in range(1, 13):
-                worst = max(compositions(pairs, experts),
-                            key=lambda counts: tiles_needed(counts, block_m))
+                worst = max(
+                    compositions(pairs, experts), key=lambda counts: tiles_needed(counts, block_m)
+                )
                 need = tiles_needed(worst, block_m)
                 got = capacity_of(solution, pairs, experts, block_m)
-                assert got >= need, f"max_tiles({pairs}, {experts}, {block_m}) is {got}, but " \
-                                    f"pair counts {worst} per expert need {need} tiles"
-                assert got == need, f"max_tiles({pairs}, {experts}, {block_m}) is {got}: more " \
-                                    f"than the {need} tiles the worst routing {worst} needs"
+                assert got >= need, (
+                    f"max_tiles({pairs}, {experts}, {block_m}) is {got}, but "
+                    f"pair counts {worst} per expert need {need} tiles"
+                )
+                assert got == need, (
+                    f"max_tiles({pairs}, {experts}, {block_m}) is {got}: more "
+                    f"than the {need} tiles the worst routing {worst} needs"
+                )
 
 
 def test_max_tiles_at_a_real_shape(solution):
@@ -120,22 +132,29 @@ def test_max_tiles_at_a_real_shape(solution):
         lonely = min(experts, pairs) - 1  # experts with one pair; the rest go to expert 0
         need = lonely + cdiv(pairs - lonely, block_m)
         got = capacity_of(solution, pairs, experts, block_m)
-        assert got == need, f"max_tiles({pairs}, {experts}, {block_m}) is {got}: the worst " \
-                            f"routing needs {need} tiles"
+        assert got == need, (
+            f"max_tiles({pairs}, {experts}, {block_m}) is {got}: the worst "
+            f"routing needs {need} tiles"
+        )
 
 
 def test_the_statements_example(solution):
     capacity = capacity_of(solution, 6, 4, 2)
     got = aligned(solution, [[2, 0], [0, 1], [2, 0]], 4, 2, 2)
-    want = ([1, 2, 5, 6, 3, 6, 0, 4] + [6] * (capacity - 4) * 2,
-            [0, 0, 1, 2] + [-1] * (capacity - 4), 8)
+    want = (
+        [1, 2, 5, 6, 3, 6, 0, 4] + [6] * (capacity - 4) * 2,
+        [0, 0, 1, 2] + [-1] * (capacity - 4),
+        8,
+    )
     assert got == want, f"align([[2, 0], [0, 1], [2, 0]], 4, 2, 2) is {want}, not {got}"
     got = solution.plan_tiles([[2, 1, 1, 0], [1, 0, 1, 0]], 2)
     want = ([[0, 4, 6, 8], [2, 5, 7, 8]], [0, 0, 1, 2] + [-1] * (capacity - 4), 8)
-    assert isinstance(got, tuple) and len(got) == 3, \
+    assert isinstance(got, tuple) and len(got) == 3, (
         "plan_tiles returns (block_offsets, expert_ids, num_padded)"
-    assert (list(map(list, got[0])), list(got[1]), got[2]) == want, \
+    )
+    assert (list(map(list, got[0])), list(got[1]), got[2]) == want, (
         f"plan_tiles([[2, 1, 1, 0], [1, 0, 1, 0]], 2) is {want}, not {got}"
+    )
 
 
 def test_plan_tiles_small_example(solution):
@@ -144,10 +163,12 @@ def test_plan_tiles_small_example(solution):
     capacity = capacity_of(solution, 7, 3, 2)
     got = solution.plan_tiles([list(row) for row in block_counts], 2)
     want = ([[0, 4, 4], [2, 4, 5]], [0, 0, 2, 2] + [-1] * (capacity - 4), 8)
-    assert isinstance(got, tuple) and len(got) == 3, \
+    assert isinstance(got, tuple) and len(got) == 3, (
         "plan_tiles returns (block_offsets, expert_ids, num_padded)"
-    assert (list(map(list, got[0])), list(got[1]), got[2]) == want, \
+    )
+    assert (list(map(list, got[0])), list(got[1]), got[2]) == want, (
         f"plan_tiles({block_counts}, 2) is {want}, not {got}"
+    )
 
 
 def test_plan_tiles_random_against_the_model(solution):
@@ -155,21 +176,24 @@ def test_plan_tiles_random_against_the_model(solution):
     for _ in range(200):
         experts, block_m = rng.randint(1, 9), rng.choice([1, 2, 3, 4, 8, 16])
         blocks = rng.randint(1, 6)
-        block_counts = [[rng.choice([0, 0, 1, 2, 5, 16]) for _ in range(experts)]
-                        for _ in range(blocks)]
+        block_counts = [
+            [rng.choice([0, 0, 1, 2, 5, 16]) for _ in range(experts)] for _ in range(blocks)
+        ]
         if not any(map(any, block_counts)):
             block_counts[0][0] = 1
         num_pairs = sum(map(sum, block_counts))
         capacity = capacity_of(solution, num_pairs, experts, block_m)
         counts = [sum(block[e] for block in block_counts) for e in range(experts)]
         used = [e for e in range(experts) for _ in range(cdiv(counts[e], block_m))]
-        want = (model_offsets(block_counts, block_m), used + [-1] * (capacity - len(used)),
-                len(used) * block_m)
+        want = (
+            model_offsets(block_counts, block_m),
+            used + [-1] * (capacity - len(used)),
+            len(used) * block_m,
+        )
         got = solution.plan_tiles([list(row) for row in block_counts], block_m)
         got = (list(map(list, got[0])), list(got[1]), got[2])
         for name, g, w in zip(("block_offsets", "expert_ids", "num_padded"), got, want):
-            assert g == w, f"plan_tiles({block_counts}, {block_m}): {name} should be {w}, " \
-                           f"not {g}"
+            assert g == w, f"plan_tiles({block_counts}, {block_m}): {name} should be {w}, not {g}"
 
 
 def test_align_random_against_the_model(solution):
@@ -194,10 +218,12 @@ def test_tokens_not_a_multiple_of_the_block(solution):
 
 def test_all_pairs_to_one_expert(solution):
     topk_ids = [[6] for _ in range(37)]
-    sorted_ids, expert_ids, num_padded = check_align(solution, topk_ids, 8, 16, 4,
-                                                     "37 tokens all to expert 6")
-    assert expert_ids[:3] == [6, 6, 6] and num_padded == 48, \
+    sorted_ids, expert_ids, num_padded = check_align(
+        solution, topk_ids, 8, 16, 4, "37 tokens all to expert 6"
+    )
+    assert expert_ids[:3] == [6, 6, 6] and num_padded == 48, (
         "37 pairs of expert 6 fill three tiles of 16: 48 slots, 11 of them padding"
+    )
 
 
 def test_every_expert_one_pair_reaches_max_tiles(solution):
@@ -206,18 +232,21 @@ def test_every_expert_one_pair_reaches_max_tiles(solution):
     for tokens, top_k, block_m in ((1, 8, 16), (4, 2, 4), (8, 4, 64), (3, 1, 2)):
         experts = tokens * top_k
         shuffled = rng.sample(range(experts), experts)
-        topk_ids = [shuffled[t * top_k:(t + 1) * top_k] for t in range(tokens)]
-        _, expert_ids, num_padded = check_align(solution, topk_ids, experts, block_m, 2,
-                                                "every expert one pair")
-        assert -1 not in expert_ids and num_padded == experts * block_m, \
+        topk_ids = [shuffled[t * top_k : (t + 1) * top_k] for t in range(tokens)]
+        _, expert_ids, num_padded = check_align(
+            solution, topk_ids, experts, block_m, 2, "every expert one pair"
+        )
+        assert -1 not in expert_ids and num_padded == experts * block_m, (
             f"{experts} pairs on {experts} experts use all {experts} tiles, as max_tiles says"
+        )
 
 
 def test_block_of_one_has_no_padding(solution):
     topk_ids = [[4, 3], [6, 1], [1, 7], [6, 4], [5, 4]]
     sorted_ids, expert_ids, num_padded = check_align(solution, topk_ids, 8, 1, 2, "block_m 1")
-    assert num_padded == 10 and sorted(sorted_ids[:10]) == list(range(10)), \
+    assert num_padded == 10 and sorted(sorted_ids[:10]) == list(range(10)), (
         "with block_m 1 the first 10 slots hold the 10 pairs and nothing else"
+    )
 
 
 def test_sizes_are_fixed_whatever_the_routing(solution):
@@ -229,9 +258,10 @@ def test_sizes_are_fixed_whatever_the_routing(solution):
         for _ in range(10):
             topk_ids = [rng.sample(range(used), top_k) for _ in range(tokens)]
             sorted_ids, expert_ids, num_padded = aligned(solution, topk_ids, experts, block_m, 5)
-            assert (len(sorted_ids), len(expert_ids)) == (capacity * block_m, capacity), \
-                f"with {used} experts in use: {len(sorted_ids)} slots and {len(expert_ids)} " \
+            assert (len(sorted_ids), len(expert_ids)) == (capacity * block_m, capacity), (
+                f"with {used} experts in use: {len(sorted_ids)} slots and {len(expert_ids)} "
                 f"tiles, not {capacity * block_m} and {capacity} (max_tiles, whatever the routing)"
+            )
             assert num_padded <= len(sorted_ids), "num_padded is more than the buffer holds"
 
 
@@ -243,14 +273,17 @@ def test_tail_and_padding_hold_markers(solution):
         sorted_ids, expert_ids, num_padded = aligned(solution, topk_ids, 10, block_m, 4)
         flat = [e for row in topk_ids for e in row]
         used = num_padded // block_m
-        assert set(expert_ids[used:]) <= {-1}, f"expert_ids past the {used} used tiles are " \
-                                               f"all -1, not {expert_ids[used:]}"
-        assert set(sorted_ids[num_padded:]) <= {len(flat)}, \
+        assert set(expert_ids[used:]) <= {-1}, (
+            f"expert_ids past the {used} used tiles are all -1, not {expert_ids[used:]}"
+        )
+        assert set(sorted_ids[num_padded:]) <= {len(flat)}, (
             f"slots past num_padded {num_padded} hold the sentinel {len(flat)}"
-        assert sorted(p for p in sorted_ids if p != len(flat)) == list(range(len(flat))), \
+        )
+        assert sorted(p for p in sorted_ids if p != len(flat)) == list(range(len(flat))), (
             "every pair appears exactly once in sorted_ids"
+        )
         for tile in range(used):
-            rows = sorted_ids[tile * block_m:(tile + 1) * block_m]
+            rows = sorted_ids[tile * block_m : (tile + 1) * block_m]
             wrong = [p for p in rows if p != len(flat) and flat[p] != expert_ids[tile]]
             assert not wrong, f"tile {tile} is expert {expert_ids[tile]}'s but holds {wrong}"
             assert rows[0] != len(flat), f"tile {tile} begins with padding"

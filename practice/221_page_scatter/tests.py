@@ -30,9 +30,10 @@ def solved_table(solution, spans: list, page_size: int, width: int, free: list[i
     assert len(starts) <= len(free), f"{len(starts)} new pages for spans {spans}: too many"
     where, values = solution.scatter(list(starts), free[: len(starts)], page_size)
     where, values = list(where), list(values)
-    assert len(where) == len(values) == len(starts) * page_size, \
-        f"scatter gives {len(where)} positions and {len(values)} slots for {len(starts)} pages " \
+    assert len(where) == len(values) == len(starts) * page_size, (
+        f"scatter gives {len(where)} positions and {len(values)} slots for {len(starts)} pages "
         f"of {page_size}"
+    )
     table = [-1] * (width * (1 + max(row for row, _, _ in spans)))
     for w, v in zip(where, values):
         assert 0 <= w < len(table), f"position {w} is outside a page table of {len(table)}"
@@ -44,13 +45,15 @@ def check(solution, spans: list, page_size: int, width: int, what: str) -> None:
     free = list(range(1000, 1000 + sum(e - s for _, s, e in spans) + len(spans)))[::-1]
     want, taken = loop_table(spans, page_size, width, free)
     starts = list(solution.new_page_starts([tuple(s) for s in spans], page_size, width))
-    assert len(starts) == taken, f"{what}: spans {spans} at pages of {page_size} take {taken} " \
-                                 f"new pages, not {len(starts)}"
+    assert len(starts) == taken, (
+        f"{what}: spans {spans} at pages of {page_size} take {taken} new pages, not {len(starts)}"
+    )
     got = solved_table(solution, spans, page_size, width, free)
     for row in range(len(want) // width):
-        w, g = want[row * width:(row + 1) * width], got[row * width:(row + 1) * width]
-        assert g == w, f"{what}: spans {spans}, pages of {page_size}: row {row} should be " \
-                       f"{w}, not {g}"
+        w, g = want[row * width : (row + 1) * width], got[row * width : (row + 1) * width]
+        assert g == w, (
+            f"{what}: spans {spans}, pages of {page_size}: row {row} should be {w}, not {g}"
+        )
 
 
 def test_the_statements_example(solution):
@@ -62,8 +65,13 @@ def test_the_statements_example(solution):
 
 
 def test_page_boundaries(solution):
-    check(solution, [(0, 4, 5), (1, 3, 4), (2, 4, 8), (3, 7, 9)], 4, 16,
-          "spans starting or ending on a page boundary")
+    check(
+        solution,
+        [(0, 4, 5), (1, 3, 4), (2, 4, 8), (3, 7, 9)],
+        4,
+        16,
+        "spans starting or ending on a page boundary",
+    )
     check(solution, [(0, 0, 4), (1, 8, 12), (2, 0, 1)], 4, 16, "whole pages")
 
 
@@ -76,8 +84,13 @@ def test_pages_of_one_slot(solution):
 
 
 def test_a_long_prefill_beside_decodes(solution):
-    check(solution, [(3, 0, 77), (0, 16, 17), (1, 15, 16), (2, 31, 33)], 16, 96,
-          "a long prefill beside decodes")
+    check(
+        solution,
+        [(3, 0, 77), (0, 16, 17), (1, 15, 16), (2, 31, 33)],
+        16,
+        96,
+        "a long prefill beside decodes",
+    )
 
 
 def test_rows_wider_than_the_spans(solution):

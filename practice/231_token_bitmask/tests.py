@@ -24,10 +24,12 @@ def words_by_hand(allowed: set[int], vocab_size: int) -> list[int]:
     an int32, so the word is that value less 2**32."""
     words = []
     for start in range(0, vocab_size, 32):
-        digits = "".join("1" if start + bit in allowed and start + bit < vocab_size else "0"
-                         for bit in reversed(range(32)))
+        digits = "".join(
+            "1" if start + bit in allowed and start + bit < vocab_size else "0"
+            for bit in reversed(range(32))
+        )
         value = int(digits, 2)
-        words.append(value - 2 ** 32 if digits[0] == "1" else value)
+        words.append(value - 2**32 if digits[0] == "1" else value)
     return words
 
 
@@ -40,8 +42,9 @@ def packed(solution, allowed: list[int], vocab_size: int) -> list[int]:
 def check_pack(solution, allowed: list[int], vocab_size: int, what: str) -> None:
     want = words_by_hand(set(allowed), vocab_size)
     got = packed(solution, allowed, vocab_size)
-    assert len(got) == len(want), f"{what}: a vocabulary of {vocab_size} takes {len(want)} " \
-                                  f"words, not {len(got)}"
+    assert len(got) == len(want), (
+        f"{what}: a vocabulary of {vocab_size} takes {len(want)} words, not {len(got)}"
+    )
     call = f"pack_bitmask({sorted(set(allowed)) if len(allowed) <= 8 else '...'}, {vocab_size})"
     if len(want) <= 3:
         assert got == want, f"{what}: {call} is {want}, not {got}"
@@ -49,25 +52,29 @@ def check_pack(solution, allowed: list[int], vocab_size: int, what: str) -> None
         assert g == w, f"{what}: word {i} of {call} is {w}, not {g}"
 
 
-def check_apply(solution, logits: list[float], words: list[int], allowed: set[int],
-                what: str) -> None:
+def check_apply(
+    solution, logits: list[float], words: list[int], allowed: set[int], what: str
+) -> None:
     got = list(solution.apply_bitmask(list(logits), list(words)))
     assert len(got) == len(logits), f"{what}: {len(logits)} logits in, {len(got)} out"
     for t, (x, y) in enumerate(zip(logits, got)):
         if t in allowed:
             assert y == x, f"{what}: token {t} is allowed, so its logit stays {x}, not {y}"
         else:
-            assert isinstance(y, float) and math.isinf(y) and y < 0, \
+            assert isinstance(y, float) and math.isinf(y) and y < 0, (
                 f"{what}: token {t} is masked, so its logit is -inf, not {y}"
+            )
 
 
 def test_the_statements_example(solution):
     words = packed(solution, [2, 0, 33, 31, 2], 40)
-    assert words == [-2147483643, 2], f"pack_bitmask([2, 0, 33, 31, 2], 40) is " \
-                                      f"[-2147483643, 2], not {words}"
+    assert words == [-2147483643, 2], (
+        f"pack_bitmask([2, 0, 33, 31, 2], 40) is [-2147483643, 2], not {words}"
+    )
     got = list(solution.apply_bitmask([0.5, 1.0, -2.0, 3.0, 0.25], [13]))
-    assert got == [0.5, INF, -2.0, 3.0, INF], f"apply_bitmask(..., [13]) is " \
-                                              f"[0.5, -inf, -2.0, 3.0, -inf], not {got}"
+    assert got == [0.5, INF, -2.0, 3.0, INF], (
+        f"apply_bitmask(..., [13]) is [0.5, -inf, -2.0, 3.0, -inf], not {got}"
+    )
 
 
 def test_one_token_at_every_bit(solution):
@@ -79,15 +86,17 @@ def test_how_many_words(solution):
     for vocab_size in (1, 31, 32, 33, 63, 64, 65, 448, 450):
         check_pack(solution, [0, vocab_size - 1], vocab_size, f"a vocabulary of {vocab_size}")
     words = packed(solution, [449], 450)  # chapter 23's tiny Qwen3
-    assert len(words) == 15 and words[14] == 2, \
+    assert len(words) == 15 and words[14] == 2, (
         f"token 449 of 450 is bit 1 of word 14, the last of 15: not {words}"
+    )
 
 
 def test_every_token_allowed_leaves_the_padding_bits_0(solution):
-    for vocab_size, last in ((70, 2 ** 6 - 1), (450, 3), (96, -1), (31, 2 ** 31 - 1)):
+    for vocab_size, last in ((70, 2**6 - 1), (450, 3), (96, -1), (31, 2**31 - 1)):
         words = packed(solution, list(range(vocab_size)), vocab_size)
-        assert words and words[-1] == last, f"every token of {vocab_size} allowed: the last " \
-                                            f"word is {last}, not {words[-1:]}"
+        assert words and words[-1] == last, (
+            f"every token of {vocab_size} allowed: the last word is {last}, not {words[-1:]}"
+        )
         check_pack(solution, list(range(vocab_size)), vocab_size, "every token allowed")
 
 
@@ -101,15 +110,23 @@ def test_repeats_and_any_order(solution):
 
 
 def test_a_token_outside_the_vocabulary_is_a_value_error(solution):
-    for allowed, vocab_size, bad in (([3, -1], 70, -1), ([-40], 70, -40), ([5, 71, 2], 70, 71),
-                                     ([95], 70, 95), ([96], 70, 96), ([450], 450, 450)):
+    for allowed, vocab_size, bad in (
+        ([3, -1], 70, -1),
+        ([-40], 70, -40),
+        ([5, 71, 2], 70, 71),
+        ([95], 70, 95),
+        ([96], 70, 96),
+        ([450], 450, 450),
+    ):
         try:
             words = solution.pack_bitmask(list(allowed), vocab_size)
         except ValueError as e:
             assert str(bad) in str(e), f"the ValueError for token {bad} should name it: {e}"
         else:
-            raise AssertionError(f"pack_bitmask({allowed}, {vocab_size}) should raise a "
-                                 f"ValueError for token {bad}, not return {words}")
+            raise AssertionError(
+                f"pack_bitmask({allowed}, {vocab_size}) should raise a "
+                f"ValueError for token {bad}, not return {words}"
+            )
 
 
 def test_apply_on_random_rows(solution):
@@ -118,8 +135,7 @@ def test_apply_on_random_rows(solution):
         vocab_size = rng.randint(1, 200)
         allowed = set(rng.sample(range(vocab_size), rng.randint(0, vocab_size)))
         logits = [rng.uniform(-30, 30) for _ in range(vocab_size)]
-        check_apply(solution, logits, words_by_hand(allowed, vocab_size), allowed,
-                    "a random row")
+        check_apply(solution, logits, words_by_hand(allowed, vocab_size), allowed, "a random row")
 
 
 def test_apply_ignores_the_padding_bits(solution):
@@ -138,8 +154,10 @@ def test_more_logits_than_words_hold_is_a_value_error(solution):
             got = solution.apply_bitmask(list(logits), list(words))
         except ValueError:
             continue
-        raise AssertionError(f"{len(logits)} logits for the {32 * len(words)} bits of "
-                             f"{words} should be a ValueError, not {len(list(got))} logits")
+        raise AssertionError(
+            f"{len(logits)} logits for the {32 * len(words)} bits of "
+            f"{words} should be a ValueError, not {len(list(got))} logits"
+        )
 
 
 def test_inputs_unchanged(solution):
@@ -166,8 +184,13 @@ def _xgrammar_rows(vocab: list[str]) -> tuple[object, list[set[int]]]:
     token on a fresh matcher rather than by reading the bitmask."""
     info = xgrammar.TokenizerInfo(vocab, vocab_size=len(vocab), stop_token_ids=[63])
     compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
-    cases = [("[abc]+x", []), ("[abc]+x", ["ab"]), ("[abc]+x", ["ab", "x"]),
-             ("[a-z]+", []), ("(da|wx)y*", ["d"])]
+    cases = [
+        ("[abc]+x", []),
+        ("[abc]+x", ["ab"]),
+        ("[abc]+x", ["ab", "x"]),
+        ("[a-z]+", []),
+        ("(da|wx)y*", ["d"]),
+    ]
     bitmask = xgrammar.allocate_token_bitmask(len(cases), len(vocab))
     rows = []
     for row, (regex, prefix) in enumerate(cases):
@@ -203,8 +226,7 @@ def test_agrees_with_xgrammar_where_installed(solution):
         theirs = bitmask[row].tolist()
         # xgrammar's padding bits are 1 when it fills a row by the tokens it rejects
         theirs[-1] &= 2 ** (len(vocab) % 32) - 1
-        assert words == theirs, f"xgrammar's row {row} is {theirs} (padding bits 0), " \
-                                f"not {words}"
+        assert words == theirs, f"xgrammar's row {row} is {theirs} (padding bits 0), not {words}"
         got = list(solution.apply_bitmask(logits[row].tolist(), bitmask[row].tolist()))
         assert len(got) == len(vocab), f"row {row}: {len(vocab)} logits in, {len(got)} out"
         for t, (x, y) in enumerate(zip(want[row].tolist(), got)):

@@ -17,7 +17,8 @@ try:
     _package = importlib.util.find_spec("minisgl")
     _spec = importlib.util.spec_from_file_location(
         "exercise_241_engine_verify",
-        f"{_package.submodule_search_locations[0]}/speculative/verify.py")
+        f"{_package.submodule_search_locations[0]}/speculative/verify.py",
+    )
     engine = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(engine)
 except (ImportError, AttributeError, FileNotFoundError):
@@ -38,11 +39,13 @@ class Draw:
 
     def __call__(self, probs: list[float]) -> int:
         probs = list(probs)
-        assert len(probs) == self.size, f"draw got {len(probs)} weights, not one for each " \
-                                        f"of the {self.size} tokens"
+        assert len(probs) == self.size, (
+            f"draw got {len(probs)} weights, not one for each of the {self.size} tokens"
+        )
         assert all(w >= 0 for w in probs), f"draw got negative weights: {probs}"
-        assert abs(sum(probs) - 1) < CLOSE, f"draw takes a distribution, but these weights " \
-                                            f"sum to {sum(probs)}: {probs}"
+        assert abs(sum(probs) - 1) < CLOSE, (
+            f"draw takes a distribution, but these weights sum to {sum(probs)}: {probs}"
+        )
         self.calls.append(probs)
         if self.rng is not None:
             return self.rng.choices(range(self.size), probs)[0]
@@ -50,15 +53,25 @@ class Draw:
 
 
 def sampled(solution, drafts, p, q, uniforms, draw: Draw) -> list[int]:
-    run = solution.accept_sampled(list(drafts), copy.deepcopy(p), copy.deepcopy(q),
-                                  list(uniforms), draw)
+    run = solution.accept_sampled(
+        list(drafts), copy.deepcopy(p), copy.deepcopy(q), list(uniforms), draw
+    )
     run = list(run)
     assert all(isinstance(t, int) for t in run), f"the run must be ints: {run}"
     return run
 
 
-def check_run(solution, drafts, p, q, uniforms, pick: int, want_run: list[int],
-              want_weights: list[float], what: str) -> None:
+def check_run(
+    solution,
+    drafts,
+    p,
+    q,
+    uniforms,
+    pick: int,
+    want_run: list[int],
+    want_weights: list[float],
+    what: str,
+) -> None:
     draw = Draw(len(p[0]), pick)
     run = sampled(solution, drafts, p, q, uniforms, draw)
     call = f"accept_sampled({drafts}, p, {'None' if q is None else 'q'}, {uniforms}, draw)"
@@ -78,11 +91,19 @@ Q3 = [[0.8, 0.1, 0.1], [0.2, 0.2, 0.6]]
 
 
 def test_the_statements_example(solution):
-    check_run(solution, [0, 2], P3, Q3, [0.7, 0.1], 1, [1], [0.0, 2 / 3, 1 / 3],
-              "x_0 refused")
+    check_run(solution, [0, 2], P3, Q3, [0.7, 0.1], 1, [1], [0.0, 2 / 3, 1 / 3], "x_0 refused")
     check_run(solution, [0, 2], P3, Q3, [0.6, 0.99], 0, [0, 2, 0], P3[2], "both kept")
-    check_run(solution, [2], P3[1:], None, [0.75], 1, [1], [1 / 3, 2 / 3, 0.0],
-              "a deterministic draft refused")
+    check_run(
+        solution,
+        [2],
+        P3[1:],
+        None,
+        [0.75],
+        1,
+        [1],
+        [1 / 3, 2 / 3, 0.0],
+        "a deterministic draft refused",
+    )
     run = list(solution.accept_greedy([4, 7, 1], [4, 7, 9, 3]))
     assert run == [4, 7, 9], f"accept_greedy([4, 7, 1], [4, 7, 9, 3]) is [4, 7, 9], not {run}"
 
@@ -102,18 +123,41 @@ def test_greedy_runs_of_every_length(solution):
 
 
 def test_refused_in_the_middle(solution):
-    p = [[0.25, 0.25, 0.5, 0.0], [0.0, 0.5, 0.25, 0.25], [0.5, 0.5, 0.0, 0.0],
-         [0.25, 0.25, 0.25, 0.25]]
+    p = [
+        [0.25, 0.25, 0.5, 0.0],
+        [0.0, 0.5, 0.25, 0.25],
+        [0.5, 0.5, 0.0, 0.0],
+        [0.25, 0.25, 0.25, 0.25],
+    ]
     q = [[0.25, 0.25, 0.25, 0.25], [0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]]
     # x_0 = 2 always kept (0.5 / 0.25 > 1); x_1 = 3 kept with probability 0.25: 0.5 refuses it,
     # and the leftover max(p_1 - q_1, 0) is [0, 0.5, 0.25, 0] over 0.75; x_2 is not looked at,
     # though its uniform 0.0 would keep it
-    check_run(solution, [2, 3, 1], p, q, [0.999, 0.5, 0.0], 1, [2, 1], [0.0, 2 / 3, 1 / 3, 0.0],
-              "x_1 refused")
-    check_run(solution, [2, 3, 1], p, q, [0.999, 0.2, 0.0], 3, [2, 3, 1, 3], p[3],
-              "every draft kept")
-    check_run(solution, [2, 3, 1], p, q, [0.999, 0.2, 0.5], 0, [2, 3, 0], [1.0, 0.0, 0.0, 0.0],
-              "x_2 refused")
+    check_run(
+        solution,
+        [2, 3, 1],
+        p,
+        q,
+        [0.999, 0.5, 0.0],
+        1,
+        [2, 1],
+        [0.0, 2 / 3, 1 / 3, 0.0],
+        "x_1 refused",
+    )
+    check_run(
+        solution, [2, 3, 1], p, q, [0.999, 0.2, 0.0], 3, [2, 3, 1, 3], p[3], "every draft kept"
+    )
+    check_run(
+        solution,
+        [2, 3, 1],
+        p,
+        q,
+        [0.999, 0.2, 0.5],
+        0,
+        [2, 3, 0],
+        [1.0, 0.0, 0.0, 0.0],
+        "x_2 refused",
+    )
 
 
 def test_refused_at_the_first(solution):
@@ -142,36 +186,66 @@ def test_p_equal_to_q_keeps_every_draft(solution):
                 row[token] = 0.5
                 row[:] = [w / sum(row) for w in row]
         p[:k] = copy.deepcopy(q)
-        uniforms = [1 - 2 ** -40] * k  # as near 1 as a uniform gets: p / q = 1 still keeps
+        uniforms = [1 - 2**-40] * k  # as near 1 as a uniform gets: p / q = 1 still keeps
         check_run(solution, drafts, p, q, uniforms, 0, drafts + [0], p[k], "p equal to q")
 
 
 def test_a_token_of_probability_0_is_never_kept(solution):
     p = [[0.5, 0.5, 0.0], [0.0, 0.0, 1.0]]
-    check_run(solution, [2], p, [[0.2, 0.2, 0.6]], [0.0], 0, [0], [0.5, 0.5, 0.0],
-              "p_0(2) = 0 at a uniform of 0.0")
-    check_run(solution, [2], p, None, [0.0], 1, [1], [0.5, 0.5, 0.0],
-              "p_0(2) = 0 at a uniform of 0.0, a deterministic draft")
+    check_run(
+        solution,
+        [2],
+        p,
+        [[0.2, 0.2, 0.6]],
+        [0.0],
+        0,
+        [0],
+        [0.5, 0.5, 0.0],
+        "p_0(2) = 0 at a uniform of 0.0",
+    )
+    check_run(
+        solution,
+        [2],
+        p,
+        None,
+        [0.0],
+        1,
+        [1],
+        [0.5, 0.5, 0.0],
+        "p_0(2) = 0 at a uniform of 0.0, a deterministic draft",
+    )
 
 
 def test_deterministic_drafts(solution):
     p = [[0.1, 0.2, 0.3, 0.4], [0.25, 0.5, 0.125, 0.125], [0.0, 0.0, 1.0, 0.0]]
     # x_i kept when the uniform is less than p_i(x_i); the leftover is p_i without x_i
-    check_run(solution, [3, 1], p, None, [0.3, 0.6], 0, [3, 0], [0.5, 0.0, 0.25, 0.25],
-              "x_1 refused")
-    check_run(solution, [3, 1], p, None, [0.45, 0.0], 2, [2], [1 / 6, 1 / 3, 1 / 2, 0.0],
-              "x_0 refused")
+    check_run(
+        solution, [3, 1], p, None, [0.3, 0.6], 0, [3, 0], [0.5, 0.0, 0.25, 0.25], "x_1 refused"
+    )
+    check_run(
+        solution, [3, 1], p, None, [0.45, 0.0], 2, [2], [1 / 6, 1 / 3, 1 / 2, 0.0], "x_0 refused"
+    )
     check_run(solution, [3, 1], p, None, [0.39, 0.49], 2, [3, 1, 2], p[2], "both kept")
-    check_run(solution, [2], [[0.0, 0.0, 1.0], [0.5, 0.0, 0.5]], None, [1 - 2 ** -40], 0,
-              [2, 0], [0.5, 0.0, 0.5], "p_0(x_0) = 1 keeps it")
+    check_run(
+        solution,
+        [2],
+        [[0.0, 0.0, 1.0], [0.5, 0.0, 0.5]],
+        None,
+        [1 - 2**-40],
+        0,
+        [2, 0],
+        [0.5, 0.0, 0.5],
+        "p_0(x_0) = 1 keeps it",
+    )
 
 
 def test_inputs_unchanged(solution):
     drafts, q, uniforms = [0, 2], copy.deepcopy(Q3), [0.7, 0.1]
     p = copy.deepcopy(P3)
     solution.accept_sampled(drafts, p, q, uniforms, Draw(3, 1))
-    assert (drafts, p, q, uniforms) == ([0, 2], P3, Q3, [0.7, 0.1]), \
+    assert (drafts, p, q, uniforms) == ([0, 2], P3, Q3, [0.7, 0.1]), (
         "accept_sampled changed its inputs"
+    )
     p = copy.deepcopy(P3[1:])
     solution.accept_sampled([2], p, None, [0.75], Draw(3, 1))
     assert p == P3[1:], f"accept_sampled changed target_probs: {p}"
@@ -191,9 +265,10 @@ def frequencies_match(counts: list[int], probs: list[float], what: str) -> None:
     assert n > 100, f"{what}: only {n} of the {RUNS} runs got there"
     for token, (count, prob) in enumerate(zip(counts, probs)):
         bound = SIGMAS * math.sqrt(prob * (1 - prob) / n) + 1e-3
-        assert abs(count / n - prob) <= bound, \
-            f"{what}: token {token} came out {count / n:.4f} of {n} times, but has " \
+        assert abs(count / n - prob) <= bound, (
+            f"{what}: token {token} came out {count / n:.4f} of {n} times, but has "
             f"probability {prob:.4f} (off by more than {bound:.4f})"
+        )
 
 
 def emitted(solution, p, q_rows, rng: random.Random) -> list[list[int]]:
@@ -221,8 +296,9 @@ def test_tokens_come_out_distributed_as_p(solution):
     p = [[0.1, 0.2, 0.3, 0.4], [0.05, 0.45, 0.1, 0.4], [0.4, 0.3, 0.2, 0.1]]
     q = [[0.4, 0.3, 0.2, 0.1], [0.25, 0.25, 0.25, 0.25]]
     counts = emitted(solution, p, q, rng)
-    for position, what in enumerate(("the first token", "the second token, x_0 kept",
-                                     "the bonus token, both kept")):
+    for position, what in enumerate(
+        ("the first token", "the second token, x_0 kept", "the bonus token, both kept")
+    ):
         frequencies_match(counts[position], p[position], f"drafts from q: {what}")
 
 
@@ -231,8 +307,9 @@ def test_deterministic_drafts_come_out_distributed_as_p(solution):
     p = [[0.3, 0.1, 0.2, 0.4], [0.2, 0.2, 0.5, 0.1], [0.1, 0.6, 0.1, 0.2]]
     q = [[0.0, 0.0, 0.0, 1.0], [0.0, 1.0, 0.0, 0.0]]  # drafts 3 then 1, draft_probs None
     counts = emitted(solution, p, q, rng)
-    for position, what in enumerate(("the first token", "the second token, x_0 kept",
-                                     "the bonus token, both kept")):
+    for position, what in enumerate(
+        ("the first token", "the second token, x_0 kept", "the bonus token, both kept")
+    ):
         frequencies_match(counts[position], p[position], f"deterministic drafts: {what}")
 
 
@@ -270,8 +347,10 @@ def test_agrees_with_the_engine_where_installed(solution):
             row[rng.randrange(size)] = 0.0
             row[:] = [w / sum(row) for w in row]
         q = None if case % 2 else [distribution(rng, size) for _ in range(k)]
-        drafts = [rng.randrange(size) if q is None else rng.choices(range(size), q[i])[0]
-                  for i in range(k)]
+        drafts = [
+            rng.randrange(size) if q is None else rng.choices(range(size), q[i])[0]
+            for i in range(k)
+        ]
         uniforms = [rng.random() for _ in range(k)]
         pick = rng.randrange(size)
         ours, theirs = Draw(size, pick), Draw(size, pick)
@@ -280,14 +359,19 @@ def test_agrees_with_the_engine_where_installed(solution):
         engine.torch = _EngineTorch(uniforms, theirs)
         try:
             want = engine.accept_sampled(
-                drafts, torch.tensor(p, dtype=torch.float64), None,
-                None if q is None else torch.tensor(q, dtype=torch.float64))
+                drafts,
+                torch.tensor(p, dtype=torch.float64),
+                None,
+                None if q is None else torch.tensor(q, dtype=torch.float64),
+            )
         finally:
             engine.torch = real
         assert run == want, f"case {case}: the engine's run is {want}, not {run}"
         near = all(abs(a - b) < CLOSE for a, b in zip(ours.calls[0], theirs.calls[0]))
-        assert near, f"case {case}: the engine draws from {rounded(theirs.calls[0])}, " \
-                     f"not {rounded(ours.calls[0])}"
+        assert near, (
+            f"case {case}: the engine draws from {rounded(theirs.calls[0])}, "
+            f"not {rounded(ours.calls[0])}"
+        )
         target = [rng.randrange(size) for _ in range(k + 1)]
         greedy = [t if rng.random() < 0.7 else rng.randrange(size) for t in target[:k]]
         want = engine.accept_greedy(greedy, target)

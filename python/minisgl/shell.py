@@ -19,6 +19,7 @@ room for the next line; the default is a quarter of the context, 2048 at most (1
 the tiny models, 2048 from an 8,192-token context on), so that three quarters stay for the
 conversation: several turns of it.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -51,8 +52,9 @@ from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 
 PROMPT = ">>> "
 HELP = "/reset forgets the conversation, /stats shows the pool, /exit (or Ctrl-D) leaves"
-RANDOM_WEIGHTS = ("(a model with random weights, as examples/tiny_models.py makes, writes "
-                  "random text)")
+RANDOM_WEIGHTS = (
+    "(a model with random weights, as examples/tiny_models.py makes, writes random text)"
+)
 Message = Dict[str, str]
 
 
@@ -65,10 +67,12 @@ def shell_sampling_params(context: int) -> SamplingParams:
     the ``context``, 2048 tokens at most)."""
     get = os.environ.get
     reply_len = min(2048, context // 4)
-    return SamplingParams(temperature=float(get("MINISGL_SHELL_TEMPERATURE", "0.6")),
-                          top_k=int(get("MINISGL_SHELL_TOP_K", "-1")),
-                          top_p=float(get("MINISGL_SHELL_TOP_P", "1.0")),
-                          max_tokens=int(get("MINISGL_SHELL_MAX_TOKENS", str(reply_len))))
+    return SamplingParams(
+        temperature=float(get("MINISGL_SHELL_TEMPERATURE", "0.6")),
+        top_k=int(get("MINISGL_SHELL_TOP_K", "-1")),
+        top_p=float(get("MINISGL_SHELL_TOP_P", "1.0")),
+        max_tokens=int(get("MINISGL_SHELL_MAX_TOKENS", str(reply_len))),
+    )
 
 
 def context_length(args: ServerArgs, stats: SchedulerStats) -> int:
@@ -85,14 +89,15 @@ def prompt_length(tokenizer: PreTrainedTokenizerBase, messages: List[Message]) -
     return len(tokenize_request(tokenizer, messages=messages))
 
 
-def fit_to_context(messages: List[Message], count_tokens: Callable[[List[Message]], int],
-                   budget: int) -> Tuple[List[Message], int]:
+def fit_to_context(
+    messages: List[Message], count_tokens: Callable[[List[Message]], int], budget: int
+) -> Tuple[List[Message], int]:
     """``messages`` less as many of their oldest turns (a user line and its reply) as bring the
     templated conversation to ``budget`` tokens. A system message first stays, and so does the
     new line, even alone too long (the scheduler then refuses it). Returns the messages kept and
     how many turns were left out."""
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
-    turns, dropped = messages[len(system):], 0
+    turns, dropped = messages[len(system) :], 0
     while len(turns) > 2 and count_tokens(system + turns) > budget:
         turns, dropped = turns[2:], dropped + 1
     return system + turns, dropped
@@ -104,10 +109,12 @@ class ChatClient:
 
     def __init__(self, workers: Workers):
         self.workers = workers
-        self._send = ZmqPushQueue(workers.addr("tokenizer"), create=False,
-                                  encoder=BaseTokenizerMsg.encoder)
-        self._recv = ZmqPullQueue(workers.addr("frontend"), create=True,
-                                  decoder=BaseFrontendMsg.decoder)
+        self._send = ZmqPushQueue(
+            workers.addr("tokenizer"), create=False, encoder=BaseTokenizerMsg.encoder
+        )
+        self._recv = ZmqPullQueue(
+            workers.addr("frontend"), create=True, decoder=BaseFrontendMsg.decoder
+        )
         self._uids = itertools.count()
 
     def stream(self, messages: List[Message], params: SamplingParams) -> Iterator[str]:
@@ -144,9 +151,15 @@ class ChatClient:
 class Shell:
     """The conversation, and what each line of input does with it."""
 
-    def __init__(self, client: ChatClient, params: SamplingParams, stats: SchedulerStats,
-                 count_tokens: Callable[[List[Message]], int], context: int,
-                 out: TextIO = sys.stdout):
+    def __init__(
+        self,
+        client: ChatClient,
+        params: SamplingParams,
+        stats: SchedulerStats,
+        count_tokens: Callable[[List[Message]], int],
+        context: int,
+        out: TextIO = sys.stdout,
+    ):
         self.client, self.params, self.stats, self.out = client, params, stats, out
         self.count_tokens, self.context = count_tokens, context
         self.history: List[Message] = []  # the turns so far, user and assistant in turn
@@ -173,8 +186,10 @@ class Shell:
         elif line == "/stats":
             s = self.stats.read()
             in_use = s["kv_pages_total"] - s["kv_pages_free"] - s["kv_pages_cached"]
-            self.say(f"(requests running: {s['num_running_reqs']}; KV pages in use: {in_use}, "
-                     f"cached: {s['kv_pages_cached']}, of {s['kv_pages_total']})")
+            self.say(
+                f"(requests running: {s['num_running_reqs']}; KV pages in use: {in_use}, "
+                f"cached: {s['kv_pages_cached']}, of {s['kv_pages_total']})"
+            )
         elif line.startswith("/"):
             self.say(f"(unknown command {line}; {HELP})")
         elif line:
@@ -187,11 +202,16 @@ class Shell:
         refused, it is left out of the conversation (and the turns it would have cut stay);
         after a Ctrl-C the next prompt waits until the scheduler has dropped the request."""
         room = min(self.params.max_tokens, self.context // 2)  # for the reply
-        messages, dropped = fit_to_context(self.history + [{"role": "user", "content": text}],
-                                           self.count_tokens, self.context - room)
+        messages, dropped = fit_to_context(
+            self.history + [{"role": "user", "content": text}],
+            self.count_tokens,
+            self.context - room,
+        )
         if dropped:
-            self.say(f"({dropped} earlier turn{'s' * (dropped > 1)} left out, to leave {room} "
-                     f"of the context's {self.context} tokens for the reply)")
+            self.say(
+                f"({dropped} earlier turn{'s' * (dropped > 1)} left out, to leave {room} "
+                f"of the context's {self.context} tokens for the reply)"
+            )
         pieces: List[str] = []
         try:
             with closing(self.client.stream(messages, self.params)) as stream:
@@ -243,11 +263,18 @@ def run_shell(args: ServerArgs) -> None:
         client = ChatClient(workers)
         context = context_length(args, stats)
         pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
-        print(f"minisgl shell: {args.model_path}; workers: {pids}\n{HELP}\n{RANDOM_WEIGHTS}",
-              flush=True)
+        print(
+            f"minisgl shell: {args.model_path}; workers: {pids}\n{HELP}\n{RANDOM_WEIGHTS}",
+            flush=True,
+        )
         try:
-            Shell(client, shell_sampling_params(context), stats,
-                  partial(prompt_length, tokenizer), context).run(prompt_reader())
+            Shell(
+                client,
+                shell_sampling_params(context),
+                stats,
+                partial(prompt_length, tokenizer),
+                context,
+            ).run(prompt_reader())
         except WorkerDied as e:  # the watcher has stopped the other workers
             raise SystemExit(f"minisgl: {e}; the shell has stopped") from None
         finally:

@@ -21,8 +21,9 @@ STEPS = Path(__file__).resolve().parents[1] / "steps.py"
 
 def timed(root: Path, *args: str) -> tuple[float, subprocess.CompletedProcess]:
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, str(STEPS), "--root", str(root), *args],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(STEPS), "--root", str(root), *args], capture_output=True, text=True
+    )
     return time.perf_counter() - start, done
 
 
@@ -33,8 +34,9 @@ def best_of(n: int, root: Path, *args: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=STEPS.parents[1])
-    parser.add_argument("--file", default="python/minisgl/layers/norm.py",
-                        help="the file whose edit is simulated")
+    parser.add_argument(
+        "--file", default="python/minisgl/layers/norm.py", help="the file whose edit is simulated"
+    )
     args = parser.parse_args()
     root = args.root.resolve()
 
@@ -48,8 +50,11 @@ def main() -> None:
         seconds, done = timed(root, "check")
     finally:
         path.write_bytes(original)
-    rows = [line.split()[0] for line in done.stdout.splitlines()[2:]
-            if line.startswith("ch") and "(cached)" not in line]
+    rows = [
+        line.split()[0]
+        for line in done.stdout.splitlines()[2:]
+        if line.startswith("ch") and "(cached)" not in line
+    ]
     print(f"check after editing {args.file}: {seconds:.2f} s, re-ran {', '.join(rows) or 'none'}")
 
 

@@ -28,8 +28,9 @@ def tp_split() -> plt.Figure:
     local_i = gate_up.output_sizes[0]  # each rank's slice of gate, and of up
     down_in = down.weight.shape[1]  # each rank's slice of down's input features
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.6), width_ratios=[1, 1.2],
-                                      layout="constrained")
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, 5.6), width_ratios=[1, 1.2], layout="constrained"
+    )
     fig.suptitle(f"Tensor parallelism over {TP} ranks: the MLP of a {H}-wide model")
     W = 80  # drawn width of a weight (the H input columns)
     diagram(left, 330, 2 * FFN + 40)
@@ -37,9 +38,17 @@ def tp_split() -> plt.Figure:
     for part, name in enumerate(("gate", "up")):
         for rank in range(TP):
             y = part * FFN + rank * local_i
-            box(left, 0, y, W, local_i, COLORS[rank],
-                f"{name}\nrows {rank * local_i}–{(rank + 1) * local_i - 1}", color="white",
-                fontsize=10)
+            box(
+                left,
+                0,
+                y,
+                W,
+                local_i,
+                COLORS[rank],
+                f"{name}\nrows {rank * local_i}–{(rank + 1) * local_i - 1}",
+                color="white",
+                fontsize=10,
+            )
     for rank in range(TP):
         y0 = rank * (FFN + 20)
         shape = list(gate_up.weight.shape)
@@ -48,26 +57,53 @@ def tp_split() -> plt.Figure:
         left.text(190 + W + 8, y0 + local_i, f"rank {rank}\nholds\n{shape}", va="center")
         for part in range(2):
             src = part * FFN + rank * local_i + local_i / 2
-            arrow(left, (W + 4, src), (186, y0 + part * local_i + local_i / 2),
-                  color=COLORS[rank])
-    left.text(0, 2 * FFN + 30, "each rank: silu(gate) * up on its own slice, no communication",
-              fontsize=10)
+            arrow(left, (W + 4, src), (186, y0 + part * local_i + local_i / 2), color=COLORS[rank])
+    left.text(
+        0,
+        2 * FFN + 30,
+        "each rank: silu(gate) * up on its own slice, no communication",
+        fontsize=10,
+    )
 
     diagram(right, 420, 2 * FFN + 40)
     right.set_title(f"down_proj, row parallel: full weight [{H}, {FFN}]")
     for rank in range(TP):
-        box(right, rank * 1.4 * down_in, 0, 1.4 * down_in, H, COLORS[rank],
+        box(
+            right,
+            rank * 1.4 * down_in,
+            0,
+            1.4 * down_in,
+            H,
+            COLORS[rank],
             f"rank {rank}\ncolumns\n{rank * down_in}–{(rank + 1) * down_in - 1}",
-            color="white", fontsize=10)
-    right.text(2.8 * down_in + 10, H / 2, f"each rank holds\n{list(down.weight.shape)}",
-               va="center")
+            color="white",
+            fontsize=10,
+        )
+    right.text(
+        2.8 * down_in + 10, H / 2, f"each rank holds\n{list(down.weight.shape)}", va="center"
+    )
     for rank in range(TP):
         y = 105 + rank * 40
-        right.text(0, y, f"rank {rank}:  h{rank} [T, {down_in}] @ W{rank}ᵀ  →  partial y{rank}",
-                   va="center", color=COLORS[rank])
+        right.text(
+            0,
+            y,
+            f"rank {rank}:  h{rank} [T, {down_in}] @ W{rank}ᵀ  →  partial y{rank}",
+            va="center",
+            color=COLORS[rank],
+        )
         arrow(right, (300, y), (328, 125))
-    right.text(332, 125, "all-reduce\ny = y0 + y1\n[T, {H}]".replace("{H}", str(H)),
-               va="center", fontweight="bold")
-    right.text(0, 215, "One all-reduce per MLP (and one per attention block, after o_proj):\n"
-               "the partial sums are added across the ranks (chapter 19).", fontsize=10)
+    right.text(
+        332,
+        125,
+        "all-reduce\ny = y0 + y1\n[T, {H}]".replace("{H}", str(H)),
+        va="center",
+        fontweight="bold",
+    )
+    right.text(
+        0,
+        215,
+        "One all-reduce per MLP (and one per attention block, after o_proj):\n"
+        "the partial sums are added across the ranks (chapter 19).",
+        fontsize=10,
+    )
     return fig

@@ -19,10 +19,12 @@ def rope() -> plt.Figure:
     import math
 
     import torch
+
     from minisgl.layers.rotary import RotaryEmbedding, rope_frequencies
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.4), width_ratios=[1, 1.35],
-                                      layout="constrained")
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, 5.4), width_ratios=[1, 1.35], layout="constrained"
+    )
     fig.suptitle("Rotary position embeddings")
     D, base, positions = 16, 10000.0, torch.arange(8)
     rotary = RotaryEmbedding(D, max_position=8, base=base)
@@ -31,15 +33,23 @@ def rope() -> plt.Figure:
         q[:, 0, pair] = 1.0 - 0.25 * pair  # one radius per pair, so the spirals do not overlap
         rotated, _ = rotary.forward(positions, q, q.clone())
         x, y = rotated[:, 0, pair], rotated[:, 0, pair + D // 2]
-        left.plot(x, y, "o-", color=COLORS[pair], label=f"pair {pair}: dims ({pair}, "
-                  f"{pair + D // 2})")
-        left.annotate("pos 7", (x[-1], y[-1]), textcoords="offset points", xytext=(6, 4),
-                      fontsize=9, color=COLORS[pair])
+        left.plot(
+            x, y, "o-", color=COLORS[pair], label=f"pair {pair}: dims ({pair}, {pair + D // 2})"
+        )
+        left.annotate(
+            "pos 7",
+            (x[-1], y[-1]),
+            textcoords="offset points",
+            xytext=(6, 4),
+            fontsize=9,
+            color=COLORS[pair],
+        )
         circle = torch.linspace(0, 2 * math.pi, 100)
         radius = float(x[0])
         left.plot(radius * circle.cos(), radius * circle.sin(), color=LIGHT, zorder=0)
-    left.annotate("pos 0 (all pairs)", (1.0, 0.0), textcoords="offset points", xytext=(-40, 10),
-                  fontsize=9)
+    left.annotate(
+        "pos 0 (all pairs)", (1.0, 0.0), textcoords="offset points", xytext=(-40, 10), fontsize=9
+    )
     left.set_aspect("equal")
     left.set_title(f"one q vector at positions 0–7\n(head_dim {D}, base {base:g})")
     left.set_xlabel("dim i")
@@ -48,11 +58,18 @@ def rope() -> plt.Figure:
     left.grid(alpha=0.3)
 
     # Llama 3.1 8B's config.json: head_dim 128, rope_theta 500000, rope_scaling as below
-    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    scaling = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     old_len = scaling["original_max_position_embeddings"]
-    for label, rope_scaling, color in (("plain RoPE", None, GREY),
-                                       ("llama3 scaling", scaling, COLORS[0])):
+    for label, rope_scaling, color in (
+        ("plain RoPE", None, GREY),
+        ("llama3 scaling", scaling, COLORS[0]),
+    ):
         inv_freq, _ = rope_frequencies(128, 500000.0, rope_scaling)
         right.plot(2 * math.pi / inv_freq, ".-", color=color, label=label)
     short, long = old_len / scaling["high_freq_factor"], old_len / scaling["low_freq_factor"]
@@ -80,6 +97,7 @@ def decoder_flow() -> plt.Figure:
     import re
 
     import torch
+
     from minisgl.layers.base import BaseOP
     from minisgl.models import ModelConfig, create_model
 
@@ -110,6 +128,7 @@ def decoder_flow() -> plt.Figure:
                 first = out[0] if isinstance(out, tuple) else out
                 calls.append((names[id(self)], residual, list(first.shape)))
             return out
+
         return forward
 
     for cls in patched:
@@ -121,39 +140,71 @@ def decoder_flow() -> plt.Figure:
         for cls, forward in real.items():
             cls.forward = forward
     calls = [c for c in calls if not re.fullmatch(r"model|layers\.\d+", c[0])]
-    short = {"embed_tokens": "embed", "input_layernorm": "input\nnorm",
-             "post_attention_layernorm": "post-attn\nnorm", "self_attn": "attention",
-             "lm_head": "LM head"}
+    short = {
+        "embed_tokens": "embed",
+        "input_layernorm": "input\nnorm",
+        "post_attention_layernorm": "post-attn\nnorm",
+        "self_attn": "attention",
+        "lm_head": "LM head",
+    }
     fig, ax = plt.subplots(figsize=(13, 4.2), layout="constrained")
     diagram(ax, len(calls) * 1.2, 4.4)
     fig.suptitle("The decoder's data flow, traced from tiny llama3's forward (T = 5 tokens)")
     ax.text(0, 3.75, "residual stream", color=COLORS[3], fontweight="bold", va="center")
     norms = [i for i, c in enumerate(calls) if "norm" in c[0]]
-    ax.plot([norms[0] * 1.2 + 0.55, norms[-1] * 1.2 + 0.55], [3.2, 3.2],
-            color=COLORS[3], linewidth=2)
+    ax.plot(
+        [norms[0] * 1.2 + 0.55, norms[-1] * 1.2 + 0.55], [3.2, 3.2], color=COLORS[3], linewidth=2
+    )
     previous = 0.0  # the x of the last sum drawn
     for i, (name, residual, shape) in enumerate(calls):
         x = i * 1.2
         layer, _, op = name.rpartition(".")
         color = COLORS[1] if "norm" in op else COLORS[0]
-        box(ax, x, 0.6, 1.1, 1.3, color, f"{layer.replace('layers.', 'layer ')}\n"
-            f"{short.get(op, op)}\n{shape}", color="white", fontsize=9)
+        box(
+            ax,
+            x,
+            0.6,
+            1.1,
+            1.3,
+            color,
+            f"{layer.replace('layers.', 'layer ')}\n{short.get(op, op)}\n{shape}",
+            color="white",
+            fontsize=9,
+        )
         if i:
             arrow(ax, (x - 0.1, 1.25), (x + 0.02, 1.25))
         if "norm" in op:
-            ax.text(x + 0.55, 3.2, "+" if residual else "=", ha="center", va="center",
-                    fontsize=12, color="white", fontweight="bold",
-                    bbox=dict(boxstyle="circle", facecolor=COLORS[3], edgecolor="none"))
+            ax.text(
+                x + 0.55,
+                3.2,
+                "+" if residual else "=",
+                ha="center",
+                va="center",
+                fontsize=12,
+                color="white",
+                fontweight="bold",
+                bbox=dict(boxstyle="circle", facecolor=COLORS[3], edgecolor="none"),
+            )
             arrow(ax, (x + 0.55, 2.95), (x + 0.55, 1.95), color=COLORS[3])
-            ax.text(x + 0.62, 2.45, "x + residual" if residual else "residual = x",
-                    fontsize=8, color=COLORS[3])
+            ax.text(
+                x + 0.62,
+                2.45,
+                "x + residual" if residual else "residual = x",
+                fontsize=8,
+                color=COLORS[3],
+            )
             if i:  # x, the previous op's output, goes into the sum
                 arrow(ax, (x - 0.65, 1.95), (x + 0.33, 3.05))
             if residual:  # and so does the stream, from the sum before
                 arrow(ax, (previous + 0.8, 3.2), (x + 0.3, 3.2), color=COLORS[3])
             previous = x
-    ax.text(0, 0.25, "blue: ops that compute x; orange: RMSNormFused, which adds x to the "
-            "stream, keeps the sum as the new residual and normalizes it", fontsize=10)
+    ax.text(
+        0,
+        0.25,
+        "blue: ops that compute x; orange: RMSNormFused, which adds x to the "
+        "stream, keeps the sum as the new residual and normalizes it",
+        fontsize=10,
+    )
     return fig
 
 

@@ -16,9 +16,10 @@ def top_k_top_p() -> plt.Figure:
     """Tiny llama3's next-token distribution after the ch04 main's prompt, sorted, and the set
     that top_k_top_p_filter keeps for the main's two sampled requests and a tighter top-p."""
     import torch
+    from transformers import AutoTokenizer
+
     from minisgl.engine.sample import top_k_top_p_filter
     from minisgl.models import load_model, sequence_logits
-    from transformers import AutoTokenizer
 
     with tempfile.TemporaryDirectory() as tmp:
         path = tiny_model("llama3", tmp)
@@ -39,20 +40,30 @@ def top_k_top_p() -> plt.Figure:
         n_kept = int(sorted_kept.sum())
         mass = float(sorted_probs[sorted_kept].sum())
         what = f"top_k {k}" if k > 0 else f"top_p {p}"
-        ax.set_title(f"temperature {temperature}, {what}: keeps {n_kept} of {len(order)} "
-                     f"tokens, {mass:.0%} of the probability", loc="left")
+        ax.set_title(
+            f"temperature {temperature}, {what}: keeps {n_kept} of {len(order)} "
+            f"tokens, {mass:.0%} of the probability",
+            loc="left",
+        )
         ax.axvline(n_kept - 0.5, color=COLORS[3], linestyle="--")
         ax.set_ylabel("probability")
         mass_line = ax.twinx()  # where the running total crosses top_p
-        mass_line.step(range(shown), sorted_probs.cumsum(0)[:shown], where="mid",
-                       color="#333333", linewidth=1.2)
+        mass_line.step(
+            range(shown),
+            sorted_probs.cumsum(0)[:shown],
+            where="mid",
+            color="#333333",
+            linewidth=1.2,
+        )
         if p < 1.0:
             mass_line.axhline(p, color="#333333", linestyle=":")
             mass_line.text(shown - 0.5, p - 0.03, f"top_p {p}", ha="right", va="top")
         mass_line.set_ylim(0, 1.05)
         mass_line.set_ylabel("running total")
         ax.spines[["top", "right"]].set_visible(False)
-    axes[-1].set_xlabel(f"tokens by decreasing probability (the first {shown}); "
-                        "blue: kept, grey: zeroed before the draw; line: running total")
+    axes[-1].set_xlabel(
+        f"tokens by decreasing probability (the first {shown}); "
+        "blue: kept, grey: zeroed before the draw; line: running total"
+    )
     fig.tight_layout()
     return fig

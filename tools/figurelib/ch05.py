@@ -32,20 +32,47 @@ def page_table() -> plt.Figure:
         box(ax, offset + pos, 1, 1, 1, LIGHT, str(slot), fontsize=9)
         if pos % size == 0:
             arrow(ax, (offset + pos + size / 2, 2.1), (slot + size / 2, 5.9), color=color)
-    ax.text(offset, -0.4, f"prompt: positions 0–{prompt_len - 1}, then one decoded token a "
-            f"step, up to {len(slots) - 1}", fontsize=10)
+    ax.text(
+        offset,
+        -0.4,
+        f"prompt: positions 0–{prompt_len - 1}, then one decoded token a "
+        f"step, up to {len(slots) - 1}",
+        fontsize=10,
+    )
     used = {slot: pos for pos, slot in enumerate(slots)}
     ax.text(-0.2, 5.9, "KV pool", ha="left", va="bottom", fontweight="bold")
     for page in range(num_pages):
         held = page in holder
         color = COLORS[holder[page]] if held else GREY
-        ax.text(page * size + size / 2, 7.9, f"page {page}" + ("" if held else " (free)"),
-                ha="center", va="top", fontsize=10)
+        ax.text(
+            page * size + size / 2,
+            7.9,
+            f"page {page}" + ("" if held else " (free)"),
+            ha="center",
+            va="top",
+            fontsize=10,
+        )
         for slot in range(page * size, (page + 1) * size):
-            box(ax, slot, 6, 1, 1, color if slot in used else LIGHT,
-                f"p{used[slot]}" if slot in used else "", color="white", fontsize=8)
-            ax.text(slot + 0.5, 7.3, str(slot), ha="center", va="center", fontsize=7,
-                    color="#666666")
-    ax.text(total / 2, 8.8, f"slot = page × {size} + offset; the pages came from a shuffled "
-            "free list, so they are not next to each other", ha="center", fontsize=10)
+            box(
+                ax,
+                slot,
+                6,
+                1,
+                1,
+                color if slot in used else LIGHT,
+                f"p{used[slot]}" if slot in used else "",
+                color="white",
+                fontsize=8,
+            )
+            ax.text(
+                slot + 0.5, 7.3, str(slot), ha="center", va="center", fontsize=7, color="#666666"
+            )
+    ax.text(
+        total / 2,
+        8.8,
+        f"slot = page × {size} + offset; the pages came from a shuffled "
+        "free list, so they are not next to each other",
+        ha="center",
+        fontsize=10,
+    )
     return fig

@@ -15,16 +15,22 @@ def schedule() -> plt.Figure:
     steps: list[list[Step]] = []
     main = run_main("ch07_scheduler.py", steps)
     run, num_pages = steps[0], main["config"].num_pages
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(12, 6.4), height_ratios=[2.2, 1],
-                                      sharex=True, layout="constrained")
-    fig.suptitle("Continuous batching in the chapter 7 main: 6 requests, 3 rows, "
-                 f"{num_pages} pages")
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(12, 6.4), height_ratios=[2.2, 1], sharex=True, layout="constrained"
+    )
+    fig.suptitle(
+        f"Continuous batching in the chapter 7 main: 6 requests, 3 rows, {num_pages} pages"
+    )
     timeline(top, run)
-    top.set_title("P prefill (tokens run), D decode, * last token, w waiting, · running but "
-                  "not in the batch", loc="left", fontsize=10)
+    top.set_title(
+        "P prefill (tokens run), D decode, * last token, w waiting, · running but not in the batch",
+        loc="left",
+        fontsize=10,
+    )
     colors = [PHASE_COLORS[s.phase] for s in run]
-    bottom.bar([x + 0.5 for x in range(len(run))], [s.pages_used for s in run], width=0.7,
-               color=colors)
+    bottom.bar(
+        [x + 0.5 for x in range(len(run))], [s.pages_used for s in run], width=0.7, color=colors
+    )
     bottom.axhline(num_pages, color=COLORS[3], linestyle="--")
     bottom.text(0.05, num_pages, f"the pool: {num_pages} pages", va="bottom", color=COLORS[3])
     bottom.set_ylim(0, num_pages + 3)

@@ -30,11 +30,22 @@ def draw_tree(ax: Axes, cache, decode: Callable[[list[int]], str], title: str) -
         slots = node.value.tolist()
         text = f"{decode(node.key)!r}\nslots {slots[0]}–{slots[-1]}, ref {node.ref_count}"
         color = COLORS[3] if node.ref_count else COLORS[0]
-        ax.text(x, y + 0.45, text, va="center", fontsize=9, color="white",
-                bbox=dict(boxstyle="round", facecolor=color, edgecolor="none"))
+        ax.text(
+            x,
+            y + 0.45,
+            text,
+            va="center",
+            fontsize=9,
+            color="white",
+            bbox=dict(boxstyle="round", facecolor=color, edgecolor="none"),
+        )
         parent = where.get(id(node.parent), (0.2, 0.75))
-        ax.plot([parent[0], parent[0], x - 0.1], [parent[1], y + 0.45, y + 0.45],
-                color="#666666", linewidth=1)
+        ax.plot(
+            [parent[0], parent[0], x - 0.1],
+            [parent[1], y + 0.45, y + 0.45],
+            color="#666666",
+            linewidth=1,
+        )
         where[id(node)] = (x + 0.3, y + 0.85)
     ax.set_xlim(0, 12)
     ax.set_ylim(max(len(rows), 3) + 0.6, 0)
@@ -49,8 +60,9 @@ def radix_split() -> plt.Figure:
     import copy
 
     import torch
-    from minisgl.kvcache.radix_cache import RadixPrefixCache
     from transformers import AutoTokenizer
+
+    from minisgl.kvcache.radix_cache import RadixPrefixCache
 
     with tempfile.TemporaryDirectory() as tmp:
         tok = AutoTokenizer.from_pretrained(tiny_model("llama3", tmp))
@@ -58,11 +70,20 @@ def radix_split() -> plt.Figure:
     fox = tok.encode("The quick brown fox jumps over the lazy dog.")
     cat = tok.encode("The quick brown cat sleeps.")
     cache.insert_prefix(fox, torch.arange(len(fox), dtype=torch.int32))
-    states = [("1. insert 'The quick brown fox jumps\nover the lazy dog.': one edge",
-               copy.deepcopy(cache))]
+    states = [
+        (
+            "1. insert 'The quick brown fox jumps\nover the lazy dog.': one edge",
+            copy.deepcopy(cache),
+        )
+    ]
     hit = cache.match_prefix(cat)
-    states.append((f"2. match 'The quick brown cat sleeps.':\n{hit.cached_len} tokens hit, "
-                   "the edge splits there", copy.deepcopy(cache)))
+    states.append(
+        (
+            f"2. match 'The quick brown cat sleeps.':\n{hit.cached_len} tokens hit, "
+            "the edge splits there",
+            copy.deepcopy(cache),
+        )
+    )
     cache.insert_prefix(cat, torch.arange(len(fox), len(fox) + len(cat), dtype=torch.int32))
     states.append(("3. insert it: the tokens not cached yet\nbecome a second child", cache))
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")

@@ -11,18 +11,21 @@ from matplotlib.patches import Rectangle
 from .common import COLORS, GREY, LIGHT, box, diagram, figure, run_main
 
 
-def draw_offsets(ax: Axes, tok, ids: list[int], stop: list[str],
-                 title: str) -> list[tuple[str, str]]:
+def draw_offsets(
+    ax: Axes, tok, ids: list[int], stop: list[str], title: str
+) -> list[tuple[str, str]]:
     """One row per step of a stream: each id as final (before surr_offset), context (surr to
     read), not final yet (after read_offset) or not arrived; on the right, the piece sent.
     Returns the legend's entries."""
     from minisgl.tokenizer import DecodeState, detokenize
 
     state = DecodeState(stop=stop)
-    kinds = [("final: in the text, never decoded again", GREY),
-             ("surr_offset..read_offset: decoded again as context", COLORS[0]),
-             ("read_offset..: decoded, not final (inside a character)", COLORS[1]),
-             ("ignored: after the stop string", LIGHT)]
+    kinds = [
+        ("final: in the text, never decoded again", GREY),
+        ("surr_offset..read_offset: decoded again as context", COLORS[0]),
+        ("read_offset..: decoded, not final (inside a character)", COLORS[1]),
+        ("ignored: after the stop string", LIGHT),
+    ]
     n = len(ids)
     diagram(ax, n + 7.5, n + 1.6)
     ax.set_title(title, loc="left", fontsize=11)
@@ -41,8 +44,14 @@ def draw_offsets(ax: Axes, tok, ids: list[int], stop: list[str],
         sent = f"sent {piece!r}" if piece else "sent nothing"
         if state.finish_reason and not piece:
             sent += f"  (finish_reason={state.finish_reason!r})"
-        ax.text(n + 0.3, y + 0.4, f"{sent}   surr {state.surr_offset}, read "
-                f"{state.read_offset}, sent {state.sent_offset} chars", va="center", fontsize=9)
+        ax.text(
+            n + 0.3,
+            y + 0.4,
+            f"{sent}   surr {state.surr_offset}, read "
+            f"{state.read_offset}, sent {state.sent_offset} chars",
+            va="center",
+            fontsize=9,
+        )
     return kinds
 
 
@@ -55,8 +64,11 @@ def token_label(tok, token: int) -> str:
 
 def byte_level_alphabet() -> list[str]:
     """GPT-2's byte-level alphabet: the character that stands for each byte 0..255 in a token."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     others = iter(range(256, 512))
     return [chr(b) if b in printable else chr(next(others)) for b in range(256)]
 
@@ -67,12 +79,18 @@ def offsets() -> plt.Figure:
     main = run_main("ch11_tokenizer.py")
     tok, ids = main["tok"], main["reply_ids"]
     fig, axes = plt.subplots(2, 1, figsize=(12, 9.5), layout="constrained")
-    fig.suptitle(f"Incremental detokenization of {main['reply']!r} ({len(ids)} byte-level "
-                 "tokens, bytes shown above each)")
+    fig.suptitle(
+        f"Incremental detokenization of {main['reply']!r} ({len(ids)} byte-level "
+        "tokens, bytes shown above each)"
+    )
     draw_offsets(axes[0], tok, ids, [], "no stop string: every piece as soon as it is final")
-    kinds = draw_offsets(axes[1], tok, ids, ["很好"], "stop=['很好']: 很 waits as the start of "
-                         "the stop string, then the stop string is cut")
+    kinds = draw_offsets(
+        axes[1],
+        tok,
+        ids,
+        ["很好"],
+        "stop=['很好']: 很 waits as the start of the stop string, then the stop string is cut",
+    )
     handles = [Rectangle((0, 0), 1, 1, color=c) for _, c in kinds]
-    fig.legend(handles, [k for k, _ in kinds], loc="outside lower center", ncols=2,
-               frameon=False)
+    fig.legend(handles, [k for k, _ in kinds], loc="outside lower center", ncols=2, frameon=False)
     return fig

@@ -16,10 +16,11 @@ from .common import COLORS, GREY, arrow, diagram, figure, tiny_model
 def run_lockstep(requests: list) -> list[tuple[str, str, object]]:
     """The ch12 main's worker classes, TokenizerServer and SchedulerLoop, run in this process in
     lockstep (no sockets, so no timing): every message (sender, receiver, message) in order."""
+    from transformers import AutoTokenizer
+
     from minisgl.scheduler import Scheduler, SchedulerConfig
     from minisgl.scheduler.io import SchedulerLoop
     from minisgl.tokenizer.server import TokenizerServer
-    from transformers import AutoTokenizer
 
     main = runpy.run_path(str(common.TREE / "examples" / "ch12_processes.py"), run_name="figure")
     with tempfile.TemporaryDirectory() as tmp:
@@ -65,29 +66,46 @@ def messages() -> plt.Figure:
     from minisgl.core import SamplingParams
     from minisgl.message import TokenizeMsg
 
-    request = TokenizeMsg(1, "Hello world", SamplingParams(max_tokens=10, ignore_eos=True),
-                          stop=["lazy"])
+    request = TokenizeMsg(
+        1, "Hello world", SamplingParams(max_tokens=10, ignore_eos=True), stop=["lazy"]
+    )
     events = run_lockstep([request])
     lanes = {"frontend": 0.0, "tokenizer": 5.0, "scheduler": 10.0}
-    titles = ["frontend (main process)\nbinds …/frontend", "tokenizer worker\nbinds …/tokenizer",
-              "scheduler\nbinds …/scheduler"]
+    titles = [
+        "frontend (main process)\nbinds …/frontend",
+        "tokenizer worker\nbinds …/tokenizer",
+        "scheduler\nbinds …/scheduler",
+    ]
     rows = len(events)
     fig, ax = plt.subplots(figsize=(13, 0.42 * rows + 1.6), layout="constrained")
     fig.suptitle("One request's messages (ch12 main, request 1: 'Hello world', stop ['lazy'])")
     diagram(ax, 13.2, rows + 1.2)
-    for (x, title) in zip(lanes.values(), titles):
+    for x, title in zip(lanes.values(), titles):
         ax.plot([x, x], [0.6, rows + 1], color=GREY, linewidth=2, zorder=0)
         ax.text(x, 0.4, title, ha="center", va="bottom", fontsize=10, fontweight="bold")
     steps = 0
     for y, (sender, receiver, msg) in enumerate(events, start=1):
         if receiver == "step":
             steps += 1
-            ax.text(lanes["scheduler"] + 0.2, y + 0.5, f"step {steps}: {msg}", va="center",
-                    fontsize=9, color=COLORS[3])
+            ax.text(
+                lanes["scheduler"] + 0.2,
+                y + 0.5,
+                f"step {steps}: {msg}",
+                va="center",
+                fontsize=9,
+                color=COLORS[3],
+            )
             continue
         start, end = lanes[sender], lanes[receiver]
         color = COLORS[0] if end > start else COLORS[2]
         arrow(ax, (start, y + 0.5), (end, y + 0.5), color=color)
-        ax.text((start + end) / 2, y + 0.42, message_label(msg), ha="center", va="bottom",
-                fontsize=8.5, family="DejaVu Sans Mono")
+        ax.text(
+            (start + end) / 2,
+            y + 0.42,
+            message_label(msg),
+            ha="center",
+            va="bottom",
+            fontsize=8.5,
+            family="DejaVu Sans Mono",
+        )
     return fig

@@ -23,10 +23,11 @@ class LockstepChat:
     came from the prefix cache)."""
 
     def __init__(self, args, stats):
+        from transformers import AutoTokenizer
+
         from minisgl.scheduler import Scheduler
         from minisgl.scheduler.io import SchedulerLoop
         from minisgl.tokenizer.server import TokenizerServer
-        from transformers import AutoTokenizer
 
         self.tokenizer = TokenizerServer(AutoTokenizer.from_pretrained(args.model_path))
         scheduler = Scheduler(args.scheduler_config())  # as the scheduler process builds it
@@ -38,8 +39,9 @@ class LockstepChat:
         def step():  # the step's own output says how many prompt tokens a prefill ran
             out = real_step()
             if out is not None and out.phase == "prefill":
-                self.log.append({"turn": self.turn, "event": "prefill",
-                                 "computed": sum(out.extend_lens)})
+                self.log.append(
+                    {"turn": self.turn, "event": "prefill", "computed": sum(out.extend_lens)}
+                )
             return out
 
         scheduler.step = step
@@ -48,23 +50,38 @@ class LockstepChat:
         to_backend, replies = self.tokenizer.handle(msgs)
         for msg in to_backend:
             if type(msg).__name__ == "UserMsg":
-                self.log.append({"turn": self.turn, "event": "prompt",
-                                 "tokens": len(msg.input_ids)})
+                self.log.append(
+                    {"turn": self.turn, "event": "prompt", "tokens": len(msg.input_ids)}
+                )
             self.loop.handle(msg)
         return replies
 
     def record(self, event: str, piece: str = "") -> None:
         s = self.stats.read()
         in_use = s["kv_pages_total"] - s["kv_pages_free"] - s["kv_pages_cached"]
-        self.log.append({"turn": self.turn, "event": event, "piece": piece, "in_use": in_use,
-                         "cached": s["kv_pages_cached"], "running": s["num_running_reqs"]})
+        self.log.append(
+            {
+                "turn": self.turn,
+                "event": event,
+                "piece": piece,
+                "in_use": in_use,
+                "cached": s["kv_pages_cached"],
+                "running": s["num_running_reqs"],
+            }
+        )
 
     def stream(self, messages: list, params):
         from minisgl.message import AbortMsg, TokenizeMsg
 
         self.turn, self.uid = self.turn + 1, self.uid + 1
-        self.log.append({"turn": self.turn, "event": "messages", "count": len(messages),
-                         "line": messages[-1]["content"]})
+        self.log.append(
+            {
+                "turn": self.turn,
+                "event": "messages",
+                "count": len(messages),
+                "line": messages[-1]["content"],
+            }
+        )
         replies, finished = self.send([TokenizeMsg(self.uid, messages, params)]), False
         try:
             while not finished:
@@ -105,10 +122,11 @@ def one_shell(model: str, max_tokens: int, lines: list[str], ctrl_c: bool = Fals
     command line (FLAGS), its ``MINISGL_SHELL_*`` settings read by the shell's own
     ``shell_sampling_params``; ``lines`` typed in. The log, the reply length, the page size."""
     import ch14_shell
+    from transformers import AutoTokenizer
+
     from minisgl.server.args import parse_args
     from minisgl.server.launch import SchedulerStats
     from minisgl.shell import Shell, context_length, prompt_length, shell_sampling_params
-    from transformers import AutoTokenizer
 
     args = parse_args(["--model", model, "--shell", *ch14_shell.FLAGS])
     chat = LockstepChat(args, SchedulerStats())
@@ -129,8 +147,10 @@ def main_session(model: str) -> list[dict]:
     replies that only the context cuts, its line stopped by Ctrl-C as its reply starts."""
     import ch14_shell as m
 
-    return [one_shell(model, m.MAX_TOKENS, [m.QUESTION, m.FOLLOW_UP, "/reset", m.FOLLOW_UP]),
-            one_shell(model, m.LONG_REPLY, [m.LONG_LINE], ctrl_c=True)]
+    return [
+        one_shell(model, m.MAX_TOKENS, [m.QUESTION, m.FOLLOW_UP, "/reset", m.FOLLOW_UP]),
+        one_shell(model, m.LONG_REPLY, [m.LONG_LINE], ctrl_c=True),
+    ]
 
 
 def steps_of(shell: dict) -> list[dict]:
@@ -145,9 +165,15 @@ def turn_facts(shell: dict, turn: int) -> dict:
     tokens = first["prompt"]["tokens"]
     computed = sum(r["computed"] for r in rows if r["event"] == "prefill")  # every chunk
     pieces = sum(r["event"] == "piece" for r in steps_of(shell) if r["turn"] == turn)
-    return {"line": first["messages"]["line"], "count": first["messages"]["count"],
-            "tokens": tokens, "computed": computed, "cached": tokens - computed,
-            "cached_pages": (tokens - computed) // shell["page_size"], "pieces": pieces}
+    return {
+        "line": first["messages"]["line"],
+        "count": first["messages"]["count"],
+        "tokens": tokens,
+        "computed": computed,
+        "cached": tokens - computed,
+        "cached_pages": (tokens - computed) // shell["page_size"],
+        "pieces": pieces,
+    }
 
 
 def plural(n: int, word: str) -> str:
@@ -155,9 +181,13 @@ def plural(n: int, word: str) -> str:
 
 
 def turn_label(f: dict, name: str, narrow: bool) -> str:
-    what = [f"{name}:", f"\"{f['line']}\"", f"{plural(f['count'], 'message')}, "
-            f"{f['tokens']} prompt tokens:", f"{f['cached']} from the prefix cache,",
-            f"{f['computed']} computed; {plural(f['pieces'], 'piece')}"]
+    what = [
+        f"{name}:",
+        f'"{f["line"]}"',
+        f"{plural(f['count'], 'message')}, {f['tokens']} prompt tokens:",
+        f"{f['cached']} from the prefix cache,",
+        f"{f['computed']} computed; {plural(f['pieces'], 'piece')}",
+    ]
     if narrow:
         return "\n".join(what)
     return f"{what[0]} {what[1]}, {what[2]}\n{what[3]} {what[4]}"
@@ -171,8 +201,9 @@ def draw_turns(ax: Axes, shell: dict, names: list[str], narrow: bool = False) ->
     for turn in sorted({row["turn"] for row in steps}):
         xs = [i for i, row in enumerate(steps) if row["turn"] == turn]
         color = COLORS[turn - 1]
-        ax.broken_barh([(xs[0] - 0.4, xs[-1] - xs[0] + 0.8)], (turn - 0.25, 0.5),
-                       facecolors=color, alpha=0.25)
+        ax.broken_barh(
+            [(xs[0] - 0.4, xs[-1] - xs[0] + 0.8)], (turn - 0.25, 0.5), facecolors=color, alpha=0.25
+        )
         pieces = [i for i in xs if steps[i]["event"] == "piece"]
         ax.plot(pieces, [turn] * len(pieces), "|", color=color, markersize=10)
         label = turn_label(turn_facts(shell, turn), names[turn - 1], narrow)
@@ -189,10 +220,20 @@ def draw_turns(ax: Axes, shell: dict, names: list[str], narrow: bool = False) ->
 def draw_pages(ax: Axes, shell: dict) -> None:
     steps = steps_of(shell)
     x = range(len(steps))
-    ax.step(x, [row["in_use"] for row in steps], where="mid", color=COLORS[0],
-            label="pages held by the running request")
-    ax.step(x, [row["cached"] for row in steps], where="mid", color=COLORS[2],
-            label="pages held only by the prefix cache")
+    ax.step(
+        x,
+        [row["in_use"] for row in steps],
+        where="mid",
+        color=COLORS[0],
+        label="pages held by the running request",
+    )
+    ax.step(
+        x,
+        [row["cached"] for row in steps],
+        where="mid",
+        color=COLORS[2],
+        label="pages held only by the prefix cache",
+    )
     ax.set_xlim(-1, len(steps))
     ax.grid(alpha=0.3)
 
@@ -202,35 +243,55 @@ def note_turn_2(ax: Axes, shell: dict) -> None:
     steps = steps_of(shell)
     start = next(i for i, row in enumerate(steps) if row["turn"] == 2)
     before, f = steps[start - 1]["cached"], turn_facts(shell, 2)
-    ax.annotate(f"turn 2's prompt takes {f['cached_pages']} of the {before} cached pages\n"
-                f"({f['cached']} tokens); the prefill computes the other {f['computed']}",
-                (start, steps[start]["cached"]), (start + 4, before * 2.4), fontsize=9,
-                color=COLORS[2],
-                arrowprops=dict(arrowstyle="-|>", color=COLORS[2], relpos=(0, 0)))
+    ax.annotate(
+        f"turn 2's prompt takes {f['cached_pages']} of the {before} cached pages\n"
+        f"({f['cached']} tokens); the prefill computes the other {f['computed']}",
+        (start, steps[start]["cached"]),
+        (start + 4, before * 2.4),
+        fontsize=9,
+        color=COLORS[2],
+        arrowprops=dict(arrowstyle="-|>", color=COLORS[2], relpos=(0, 0)),
+    )
 
 
 def note_abort(ax: Axes, shell: dict) -> None:
     steps = steps_of(shell)
     end = len(steps) - 1
     held, kept = steps[end - 1]["in_use"], steps[end]["cached"]
-    ax.annotate(f"Ctrl-C: AbortMsg; {kept} of\nthe request's {held} pages\n(the prompt's whole "
-                "ones)\nstay in the prefix cache", (end, kept), (end - 1.6, kept + 14),
-                fontsize=9, color=COLORS[3], arrowprops=dict(arrowstyle="-|>", color=COLORS[3]))
+    ax.annotate(
+        f"Ctrl-C: AbortMsg; {kept} of\nthe request's {held} pages\n(the prompt's whole "
+        "ones)\nstay in the prefix cache",
+        (end, kept),
+        (end - 1.6, kept + 14),
+        fontsize=9,
+        color=COLORS[3],
+        arrowprops=dict(arrowstyle="-|>", color=COLORS[3]),
+    )
 
 
 @figure("ch14", "turns")
 def turns_figure() -> plt.Figure:
     with tempfile.TemporaryDirectory() as tmp:
         first, second = main_session(tiny_model("qwen3", tmp))
-    fig, axes = plt.subplots(2, 2, figsize=(12, 7), height_ratios=[1.3, 1],
-                             width_ratios=[4.5, 1.3], sharex="col", sharey="row",
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        2,
+        2,
+        figsize=(12, 7),
+        height_ratios=[1.3, 1],
+        width_ratios=[4.5, 1.3],
+        sharex="col",
+        sharey="row",
+        layout="constrained",
+    )
     fig.suptitle("The main's session, one scheduler step at a time: two shells")
     (turns, turns_2), (pages, pages_2) = axes
     draw_turns(turns, first, ["turn 1", "turn 2, after turn 1", "turn 3, after /reset"])
     turns.set_ylim(3.55, 0.3)
-    turns.set_title(f"the first shell, replies of up to {first['max_tokens']} tokens: each tick "
-                    "is a reply piece that the shell prints", fontsize=10)
+    turns.set_title(
+        f"the first shell, replies of up to {first['max_tokens']} tokens: each tick "
+        "is a reply piece that the shell prints",
+        fontsize=10,
+    )
     draw_turns(turns_2, second, ["turn 1"], narrow=True)
     turns_2.set_title("the second shell (a new\nprocess), stopped by Ctrl-C", fontsize=10)
     draw_pages(pages, first)

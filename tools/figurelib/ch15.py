@@ -26,20 +26,30 @@ def workload_floor() -> plt.Figure:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.6), layout="constrained")
     fig.suptitle("The benchmark's workload, and the fastest a decode step can be")
     bins = list(range(100, 1025, 50)) + [1025]
-    left.hist([ins, outs], bins=bins, color=COLORS[:2],
-              label=[f"input: {sum(ins):,} tokens", f"output: {sum(outs):,} tokens"])
+    left.hist(
+        [ins, outs],
+        bins=bins,
+        color=COLORS[:2],
+        label=[f"input: {sum(ins):,} tokens", f"output: {sum(outs):,} tokens"],
+    )
     left.set_xlabel("tokens per sequence")
     left.set_ylabel("sequences")
-    left.set_title("nano-vllm's 256 sequences (random.seed(0)):\nlengths uniform in 100..1024",
-                   fontsize=10)
+    left.set_title(
+        "nano-vllm's 256 sequences (random.seed(0)):\nlengths uniform in 100..1024", fontsize=10
+    )
     left.legend(fontsize=9)
     config = SHAPES["qwen3-0.6b"]
     weights, kv = weight_bytes(config), kv_bytes_per_token(config)
     batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     for color, context in zip(COLORS[2:], (256, 1024, 2048)):
         rates = [b / decode_floor_s(weights, kv, b * context, 4.8e12) for b in batches]
-        right.plot(batches, rates, "o-", color=color, label=f"every sequence at {context:,} "
-                   "tokens of context")
+        right.plot(
+            batches,
+            rates,
+            "o-",
+            color=color,
+            label=f"every sequence at {context:,} tokens of context",
+        )
     weights_only = [b / decode_floor_s(weights, kv, 0, 4.8e12) for b in batches]
     right.plot(batches, weights_only, "--", color=GREY, label="weights alone (no KV read)")
     right.set_xscale("log", base=2)
@@ -47,9 +57,11 @@ def workload_floor() -> plt.Figure:
     right.set_xticks(batches, [str(b) for b in batches])
     right.set_xlabel("sequences decoded together (batch size)")
     right.set_ylabel("output tokens/s at the floor")
-    right.set_title(f"Qwen3-0.6B in bf16 ({weights / 1e9:.2f} GB of weights, "
-                    f"{kv / 1024:.0f} KiB of KV a token),\nan H200 reading 4,800 GB/s",
-                    fontsize=10)
+    right.set_title(
+        f"Qwen3-0.6B in bf16 ({weights / 1e9:.2f} GB of weights, "
+        f"{kv / 1024:.0f} KiB of KV a token),\nan H200 reading 4,800 GB/s",
+        fontsize=10,
+    )
     right.legend(fontsize=9)
     right.grid(alpha=0.3, which="both")
     return fig
@@ -81,17 +93,23 @@ def throughput_by_chapter() -> plt.Figure:
             bar.set_edgecolor("white")
     for i, rate, cut in zip(x, rates, partial):
         ax.text(i, rate * 1.12, f"{rate:,}" + (" *" if cut else ""), ha="center", fontsize=10)
-    ax.axhline(floor, color=COLORS[3], linestyle="--",
-               label=f"bandwidth floor: {floor:,} (ch15's main, 4,800 GB/s)")
+    ax.axhline(
+        floor,
+        color=COLORS[3],
+        linestyle="--",
+        label=f"bandwidth floor: {floor:,} (ch15's main, 4,800 GB/s)",
+    )
     ax.set_yscale("log")
     ax.set_ylim(50, floor * 2.5)
     ax.set_xticks(list(x), [textwrap.fill(r["label"], 20) for r in runs], fontsize=9)
     ax.set_ylabel("output tokens/s (log scale)")
     best = max(r for r, run in zip(rates, runs) if run["chapter"])
     baseline = next(r for r, run in zip(rates, runs) if not run["chapter"])
-    ax.set_title(f"{record['model']}; nano-vllm's workload\nthe fastest, {best:,}, is "
-                 f"{best / baseline:.0f}x transformers and {100 * best / floor:.0f}% of the floor",
-                 fontsize=10)
+    ax.set_title(
+        f"{record['model']}; nano-vllm's workload\nthe fastest, {best:,}, is "
+        f"{best / baseline:.0f}x transformers and {100 * best / floor:.0f}% of the floor",
+        fontsize=10,
+    )
     notes = [f"* {r['scope']}" for r, cut in zip(runs, partial) if cut]
     ax.text(0.01, 0.97, "\n".join(notes), transform=ax.transAxes, va="top", fontsize=9)
     ax.legend(loc="upper right", fontsize=9)

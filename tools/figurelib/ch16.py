@@ -17,6 +17,7 @@ from .common import COLORS, GREY, LIGHT, figure
 def split_ranges(seq_len: int, num_splits: int, block_n: int) -> list[tuple[int, int]]:
     """(start, end) of each split's keys, as decode's two stages compute them (``_split_len``):
     an even share rounded up to whole blocks; a split starting at or past seq_len is empty."""
+
     def cdiv(a: int, b: int) -> int:
         return -(-a // b)
 
@@ -30,12 +31,14 @@ def split_k() -> plt.Figure:
     default_num_kv_splits by batch size, and the keys each split of a 4-request batch reads
     (the workload's first four sequences at their 300th decode step)."""
     from ch15_measure import SHAPES, nano_vllm_workload
+
     from minisgl.kernel.attention import DECODE_TILES, default_num_kv_splits
 
     kv_heads = SHAPES["qwen3-0.6b"]["num_key_value_heads"]
     block_n = DECODE_TILES["16bit"]["BLOCK_N"]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5), width_ratios=[1, 1.25],
-                                      layout="constrained")
+    fig, (left, right) = plt.subplots(
+        1, 2, figsize=(12, 5), width_ratios=[1, 1.25], layout="constrained"
+    )
     fig.suptitle("Split-K decode: how a batch's keys are divided among the kernel's programs")
     batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
     splits = [default_num_kv_splits(b, kv_heads) for b in batches]
@@ -48,8 +51,9 @@ def split_k() -> plt.Figure:
     left.set_xlabel("requests in the decode batch")
     left.set_ylabel("num_kv_splits")
     left.set_ylim(0, 44)  # the legend above the bars
-    left.set_title(f"default_num_kv_splits, {kv_heads} KV heads: aim at ~1,024 programs",
-                   fontsize=10)
+    left.set_title(
+        f"default_num_kv_splits, {kv_heads} KV heads: aim at ~1,024 programs", fontsize=10
+    )
     count = left.twinx()
     count.plot(x, programs, "o-", color=COLORS[1], label="stage-1 programs: B x KV heads x splits")
     count.axhline(132, color=GREY, linestyle="--", label="an H200's 132 SMs")
@@ -66,16 +70,26 @@ def split_k() -> plt.Figure:
         ranges = split_ranges(seq_len, num_splits, block_n)
         full = [(a, b - a) for a, b in ranges if a < b]
         for i, (start, width) in enumerate(full):
-            right.broken_barh([(start, width)], (row - 0.35, 0.7),
-                              facecolors=COLORS[i % 2], edgecolor="white")
-        right.text(seq_len + 30, row, f"{seq_len:,} keys: {len(full)} splits of "
-                   f"{ranges[0][1]}, {num_splits - len(full)} empty", va="center", fontsize=9)
+            right.broken_barh(
+                [(start, width)], (row - 0.35, 0.7), facecolors=COLORS[i % 2], edgecolor="white"
+            )
+        right.text(
+            seq_len + 30,
+            row,
+            f"{seq_len:,} keys: {len(full)} splits of "
+            f"{ranges[0][1]}, {num_splits - len(full)} empty",
+            va="center",
+            fontsize=9,
+        )
     right.set_yticks(range(len(lens)), [f"request {i}" for i in range(len(lens))])
     right.set_ylim(len(lens) - 0.4, -0.6)
     right.set_xlim(0, max(lens) * 1.6)
     right.set_xlabel("key position (each split a bar; its keys read through the page table)")
-    right.set_title(f"a batch of {len(lens)}: {num_splits} splits each, an even share rounded "
-                    f"up to whole {block_n}-key blocks", fontsize=10)
+    right.set_title(
+        f"a batch of {len(lens)}: {num_splits} splits each, an even share rounded "
+        f"up to whole {block_n}-key blocks",
+        fontsize=10,
+    )
     right.grid(alpha=0.3, axis="x")
     return fig
 
@@ -100,6 +114,7 @@ def extend_tiles(cached_len: int, extend_len: int, block_m: int, block_n: int) -
     BLOCK_N)`` with ``causal_end = min((block + 1) * BLOCK_M, extend_len)`` over the new tokens,
     key j visible to query i when j <= i (lines 240-249). The new tokens' keys are tiled from
     the first new token, not from position 0; those at causal_end and past are never read."""
+
     def cdiv(a: int, b: int) -> int:
         return -(-a // b)
 
@@ -132,10 +147,12 @@ TILE_STYLE = {  # kind -> (fill, legend)
 
 def _tile_patch(kind: str, xy: tuple[float, float], width: float, height: float) -> Rectangle:
     if kind == "skipped":  # above the masked scores' veil, its hatch in grey
-        return Rectangle(xy, width, height, facecolor=LIGHT, edgecolor=GREY, linewidth=1,
-                         hatch="//", zorder=3)
-    return Rectangle(xy, width, height, facecolor=TILE_STYLE[kind][0], edgecolor="white",
-                     linewidth=2)
+        return Rectangle(
+            xy, width, height, facecolor=LIGHT, edgecolor=GREY, linewidth=1, hatch="//", zorder=3
+        )
+    return Rectangle(
+        xy, width, height, facecolor=TILE_STYLE[kind][0], edgecolor="white", linewidth=2
+    )
 
 
 def _tile_panel(ax: Axes, cached_len: int, extend_len: int, tiles: dict, title: str) -> None:
@@ -144,23 +161,50 @@ def _tile_panel(ax: Axes, cached_len: int, extend_len: int, tiles: dict, title: 
         ax.add_patch(_tile_patch(t.kind, (t.k0, t.q0), t.k1 - t.k0, t.q1 - t.q0))
         if t.step:  # a diagonal tile's number below the diagonal, on its visible scores
             at = (0.3, 0.7) if t.kind == "diagonal" else (0.5, 0.5)
-            ax.text(t.k0 + at[0] * (t.k1 - t.k0), t.q0 + at[1] * (t.q1 - t.q0), str(t.step),
-                    ha="center", va="center", color="white", fontsize=10, fontweight="bold")
-    ax.fill([cached_len, total, total], [0, 0, extend_len], color="white", alpha=0.5,
-            linewidth=0, zorder=2)
-    ax.plot([cached_len, total], [0, extend_len], color="black", linewidth=1.2,
-            label="the causal diagonal: query i sees new key j <= i")
+            ax.text(
+                t.k0 + at[0] * (t.k1 - t.k0),
+                t.q0 + at[1] * (t.q1 - t.q0),
+                str(t.step),
+                ha="center",
+                va="center",
+                color="white",
+                fontsize=10,
+                fontweight="bold",
+            )
+    ax.fill(
+        [cached_len, total, total],
+        [0, 0, extend_len],
+        color="white",
+        alpha=0.5,
+        linewidth=0,
+        zorder=2,
+    )
+    ax.plot(
+        [cached_len, total],
+        [0, extend_len],
+        color="black",
+        linewidth=1.2,
+        label="the causal diagonal: query i sees new key j <= i",
+    )
     ax.axvline(cached_len, color="black", linestyle="--", linewidth=1)
     ax.set_xlim(0, total)
     ax.set_ylim(extend_len, 0)
     blocks = range(0, extend_len, tiles["BLOCK_M"])
     ends = [min(q + tiles["BLOCK_M"], extend_len) for q in blocks]
     # the kernel's block = num_programs(2) - 1 - program_id(2): the last block runs first
-    ax.set_yticks([(q + e) / 2 for q, e in zip(blocks, ends)],
-                  [f"queries {q}-{e - 1}\nprogram_id(2) = {len(ends) - 1 - b}"
-                   for b, (q, e) in enumerate(zip(blocks, ends))], fontsize=9)
-    keys = sorted({0, cached_len, total} | set(range(0, cached_len, tiles["BLOCK_N"]))
-                  | set(range(cached_len, total, tiles["BLOCK_N"])))
+    ax.set_yticks(
+        [(q + e) / 2 for q, e in zip(blocks, ends)],
+        [
+            f"queries {q}-{e - 1}\nprogram_id(2) = {len(ends) - 1 - b}"
+            for b, (q, e) in enumerate(zip(blocks, ends))
+        ],
+        fontsize=9,
+    )
+    keys = sorted(
+        {0, cached_len, total}
+        | set(range(0, cached_len, tiles["BLOCK_N"]))
+        | set(range(cached_len, total, tiles["BLOCK_N"]))
+    )
     ax.set_xticks(keys, [str(k) for k in keys], fontsize=9)
     ax.set_title(title, fontsize=10)
     ax.tick_params(length=0)
@@ -172,28 +216,37 @@ def extend_tiles_figure() -> plt.Figure:
     """One request of the extend test (150 tokens cached, 40 new) as the kernel tiles its scores,
     with the tile sizes extend_attention picks for float32 (the tests) and for bf16 (the model)."""
     import torch
+
     from minisgl.kernel.attention import EXTEND_TILES, _tiles
 
     # the request of tests/test_ch16_triton.py's test_extend_many_pages_and_odd_head_dim
     cached_len, extend_len = 150, 40
     fig, axes = plt.subplots(2, 1, figsize=(12, 6.6), layout="constrained")
-    fig.suptitle(f"Extend attention's tiles: {extend_len} new queries over {cached_len} cached "
-                 f"and {extend_len} new keys")
+    fig.suptitle(
+        f"Extend attention's tiles: {extend_len} new queries over {cached_len} cached "
+        f"and {extend_len} new keys"
+    )
     for ax, dtype in zip(axes, [torch.float32, torch.bfloat16]):
         tiles = _tiles(EXTEND_TILES, dtype)
         name = str(dtype).removeprefix("torch.")
-        _tile_panel(ax, cached_len, extend_len, tiles,
-                    f"{name}: BLOCK_M = {tiles['BLOCK_M']} queries x BLOCK_N = "
-                    f"{tiles['BLOCK_N']} keys; a program per query block, its tiles in the "
-                    f"numbered order")
-    axes[-1].set_xlabel(f"key position: the cached prefix 0-{cached_len - 1} (left of the "
-                        f"dashed line), the new tokens {cached_len}-{cached_len + extend_len - 1}")
+        _tile_panel(
+            ax,
+            cached_len,
+            extend_len,
+            tiles,
+            f"{name}: BLOCK_M = {tiles['BLOCK_M']} queries x BLOCK_N = "
+            f"{tiles['BLOCK_N']} keys; a program per query block, its tiles in the "
+            f"numbered order",
+        )
+    axes[-1].set_xlabel(
+        f"key position: the cached prefix 0-{cached_len - 1} (left of the "
+        f"dashed line), the new tokens {cached_len}-{cached_len + extend_len - 1}"
+    )
     handles = [_tile_patch(kind, (0, 0), 1, 1) for kind in TILE_STYLE]
     labels = [label for _, label in TILE_STYLE.values()]
     veiled = to_hex([(c + 1) / 2 for c in to_rgb(COLORS[1])])  # the diagonal's fill under the veil
     handles.append(Rectangle((0, 0), 1, 1, facecolor=veiled, edgecolor="white"))
     labels.append("masked scores in a diagonal tile (j > i): computed, set to -inf")
     line = axes[0].get_legend_handles_labels()
-    fig.legend(handles + line[0], labels + line[1], loc="outside lower center", ncols=2,
-               fontsize=9)
+    fig.legend(handles + line[0], labels + line[1], loc="outside lower center", ncols=2, fontsize=9)
     return fig

@@ -39,8 +39,10 @@ def record_main() -> tuple[dict, dict[bool, list[Event]]]:
     overlap on or off."""
     from minisgl.scheduler import Scheduler
 
-    real = {name: getattr(Scheduler, name)
-            for name in ("step", "_launch_next", "_process", "_release", "_cache")}
+    real = {
+        name: getattr(Scheduler, name)
+        for name in ("step", "_launch_next", "_process", "_release", "_cache")
+    }
     events: dict[Scheduler, list[Event]] = {}
     batches: dict[Scheduler, list] = {}  # the k-th launched, kept alive: no two share an id
 
@@ -142,8 +144,9 @@ def replay(run: list[Event], eos: tuple, host: float, forward: float) -> Replay:
                 t_host = ends[event.batch]
             r.host.append((t_host, host, "process", event.batch))
             mid = t_host + host / 2
-            r.tokens += [(mid, u, t, "eos" if t in eos else "token")
-                         for u, t in event.tokens.items()]
+            r.tokens += [
+                (mid, u, t, "eos" if t in eos else "token") for u, t in event.tokens.items()
+            ]
             r.tokens += [(mid, u, t, "dropped") for u, t in event.dropped.items()]
             r.lagged += [(event.batch, u) for u in event.dropped]
             process_start, t_host = t_host, t_host + host
@@ -169,43 +172,96 @@ def draw_run(ax: plt.Axes, r: Replay, overlap: bool, uids: list[int]) -> None:
     for start, width, kind, k in r.host:
         colour = COLORS[0] if kind == "launch" else COLORS[1]
         ax.broken_barh([(start, width)], (HOST - 0.4, 0.8), facecolors=colour, edgecolor="white")
-        ax.text(start + width / 2, HOST, f"{kind}\nbatch {k}", ha="center", va="center",
-                fontsize=9, color="white", linespacing=1.1)
+        ax.text(
+            start + width / 2,
+            HOST,
+            f"{kind}\nbatch {k}",
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="white",
+            linespacing=1.1,
+        )
     for start, width in r.wait:
         ax.broken_barh([(start, width)], (HOST - 0.08, 0.16), facecolors=GREY)
     lagged = {k for k, _ in r.lagged}
     for start, width, k, label in r.device:
-        ax.broken_barh([(start, width)], (DEVICE - 0.4, 0.8), facecolors=COLORS[2],
-                       edgecolor=WAITS if k in lagged else "white",
-                       linewidth=2.5 if k in lagged else 1)
-        ax.text(start + width / 2, DEVICE, f"batch {k}\n{label}", ha="center", va="center",
-                fontsize=9, color="white", linespacing=1.1)
+        ax.broken_barh(
+            [(start, width)],
+            (DEVICE - 0.4, 0.8),
+            facecolors=COLORS[2],
+            edgecolor=WAITS if k in lagged else "white",
+            linewidth=2.5 if k in lagged else 1,
+        )
+        ax.text(
+            start + width / 2,
+            DEVICE,
+            f"batch {k}\n{label}",
+            ha="center",
+            va="center",
+            fontsize=9,
+            color="white",
+            linespacing=1.1,
+        )
     for uid in uids:
         y = REQ0 + uid
         start, end = r.held[uid]
         ax.broken_barh([(start, end - start)], (y - 0.3, 0.6), facecolors=LIGHT)
         if uid in r.waits:
             w_start, w_end = r.waits[uid]
-            ax.broken_barh([(w_start, w_end - w_start)], (y - 0.3, 0.6), facecolors="white",
-                           edgecolor=WAITS, hatch="///", linewidth=1)
+            ax.broken_barh(
+                [(w_start, w_end - w_start)],
+                (y - 0.3, 0.6),
+                facecolors="white",
+                edgecolor=WAITS,
+                hatch="///",
+                linewidth=1,
+            )
         ax.plot([end, end], [y - 0.3, y + 0.3], color="#555555", linewidth=2)
         after = max([end] + [t + 0.6 for t, u, _, kind in r.tokens if u == uid and t > end])
-        ax.text(after + 0.08, y, "row and\npages back", ha="left", va="center", fontsize=9,
-                color="#555555", linespacing=1.0)
+        ax.text(
+            after + 0.08,
+            y,
+            "row and\npages back",
+            ha="left",
+            va="center",
+            fontsize=9,
+            color="#555555",
+            linespacing=1.0,
+        )
     for time, uid, token, kind in r.tokens:
         text = {"token": f"{token}", "eos": f"{token} EOS", "dropped": f"{token} dropped"}[kind]
-        ax.text(time, REQ0 + uid, text, ha="center", va="center", fontsize=9,
-                color=WAITS if kind == "dropped" else "black",
-                fontweight="bold" if kind != "token" else "normal",
-                bbox={"facecolor": "white", "edgecolor": WAITS, "pad": 1.5}
-                if kind == "dropped" else None)
+        ax.text(
+            time,
+            REQ0 + uid,
+            text,
+            ha="center",
+            va="center",
+            fontsize=9,
+            color=WAITS if kind == "dropped" else "black",
+            fontweight="bold" if kind != "token" else "normal",
+            bbox={"facecolor": "white", "edgecolor": WAITS, "pad": 1.5}
+            if kind == "dropped"
+            else None,
+        )
     for n, time in enumerate(r.steps, 1):
         ax.axvline(time, color="#888888", linestyle=":", linewidth=1, zorder=0)
-        ax.text(time + 0.05, HOST - 0.48, f"step {n}", ha="left", va="bottom", fontsize=9,
-                color="#555555")
+        ax.text(
+            time + 0.05,
+            HOST - 0.48,
+            f"step {n}",
+            ha="left",
+            va="bottom",
+            fontsize=9,
+            color="#555555",
+        )
     busy = sum(width for _, width, _, _ in r.device)
-    ax.set_title(f"overlap_scheduling={overlap}: {r.end:.0f} units, the device busy "
-                 f"{100 * busy / r.end:.0f}% of them", fontsize=11, loc="left")
+    ax.set_title(
+        f"overlap_scheduling={overlap}: {r.end:.0f} units, the device busy "
+        f"{100 * busy / r.end:.0f}% of them",
+        fontsize=11,
+        loc="left",
+    )
     lanes = ["host", "device"] + [f"request {u}" for u in uids]
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_ylim(len(lanes) - 0.5, HOST - 0.75)
@@ -224,32 +280,51 @@ def overlap_timeline() -> plt.Figure:
     replays = {overlap: replay(runs[overlap], eos, 1.0, 2.0) for overlap in (False, True)}
     uids = sorted(replays[False].held)
     fig, axes = plt.subplots(2, 1, figsize=(13, 8.4), layout="constrained", sharex=True)
-    fig.suptitle("The ch18 main without and with overlap: batch k+1 is launched before batch "
-                 "k's tokens are processed")
+    fig.suptitle(
+        "The ch18 main without and with overlap: batch k+1 is launched before batch "
+        "k's tokens are processed"
+    )
     for ax, overlap in zip(axes, (False, True)):
         draw_run(ax, replays[overlap], overlap, uids)
     r = replays[True]
-    (k, uid), = r.lagged  # the main's one lagged request
+    ((k, uid),) = r.lagged  # the main's one lagged request
     assert uid in r.waits, "the lagged request's release was not deferred"
     dropped = next(t for _, u, t, kind in r.tokens if u == uid and kind == "dropped")
-    axes[1].text(r.end + 1.6, REQ0 + 1.5,
-                 f"Batch {k} was launched before the host saw\n"
-                 f"request {uid}'s EOS ({eos[0]}): it runs request {uid} once\n"
-                 f"more, and that token, {dropped}, is dropped.\n"
-                 f"Request {uid}'s release waits (hatched) until\n"
-                 f"batch {k} is processed: till then batch {k}\n"
-                 f"reads request {uid}'s row and pages.", ha="left", va="center", fontsize=10,
-                 linespacing=1.3, bbox={"facecolor": "white", "edgecolor": WAITS, "pad": 5})
+    axes[1].text(
+        r.end + 1.6,
+        REQ0 + 1.5,
+        f"Batch {k} was launched before the host saw\n"
+        f"request {uid}'s EOS ({eos[0]}): it runs request {uid} once\n"
+        f"more, and that token, {dropped}, is dropped.\n"
+        f"Request {uid}'s release waits (hatched) until\n"
+        f"batch {k} is processed: till then batch {k}\n"
+        f"reads request {uid}'s row and pages.",
+        ha="left",
+        va="center",
+        fontsize=10,
+        linespacing=1.3,
+        bbox={"facecolor": "white", "edgecolor": WAITS, "pad": 5},
+    )
     axes[1].set_xlim(-0.2, replays[False].end + 1.3)  # room for the last "pages back"
     axes[1].set_xlabel("time, in assumed units: a launch or a process 1, a forward 2")
-    handles = [Patch(color=COLORS[0], label="launch (schedule, forward queued)"),
-               Patch(color=COLORS[1], label="process (tokens appended, requests finished)"),
-               Patch(color=GREY, label="host waits for the batch"),
-               Patch(color=COLORS[2], label="forward on the device"),
-               Patch(facecolor=COLORS[2], edgecolor=WAITS, linewidth=2.5,
-                     label="a forward that runs a request after its EOS"),
-               Patch(color=LIGHT, label="a request holds a row and pages (| given back)"),
-               Patch(facecolor="white", edgecolor=WAITS, hatch="///",
-                     label="finished, release deferred while a batch is in flight")]
+    handles = [
+        Patch(color=COLORS[0], label="launch (schedule, forward queued)"),
+        Patch(color=COLORS[1], label="process (tokens appended, requests finished)"),
+        Patch(color=GREY, label="host waits for the batch"),
+        Patch(color=COLORS[2], label="forward on the device"),
+        Patch(
+            facecolor=COLORS[2],
+            edgecolor=WAITS,
+            linewidth=2.5,
+            label="a forward that runs a request after its EOS",
+        ),
+        Patch(color=LIGHT, label="a request holds a row and pages (| given back)"),
+        Patch(
+            facecolor="white",
+            edgecolor=WAITS,
+            hatch="///",
+            label="finished, release deferred while a batch is in flight",
+        ),
+    ]
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=9, frameon=False)
     return fig

@@ -21,28 +21,44 @@ def decode_step_kernels() -> plt.Figure:
     kernels grouped by kind, their time (with the share of the step's kernel time), their number."""
     import json
 
-    runs = [("torch's norms, rotary and sampler", json.loads(DECODE_PROFILE.read_text("utf-8"))),
-            ("chapter 22's fused kernels", json.loads(FUSED_PROFILE.read_text("utf-8")))]
-    kinds = sorted({r["kind"] for _, run in runs for r in run["rows"]},
-                   key=lambda kind: _kind_row(runs[0][1], kind)["us"])  # the largest on top
+    runs = [
+        ("torch's norms, rotary and sampler", json.loads(DECODE_PROFILE.read_text("utf-8"))),
+        ("chapter 22's fused kernels", json.loads(FUSED_PROFILE.read_text("utf-8"))),
+    ]
+    kinds = sorted(
+        {r["kind"] for _, run in runs for r in run["rows"]},
+        key=lambda kind: _kind_row(runs[0][1], kind)["us"],
+    )  # the largest on top
     first = runs[0][1]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2), layout="constrained",
-                                      sharey=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 5.2), layout="constrained", sharey=True)
     dates = ", ".join(sorted({run["date"] for _, run in runs}))
-    fig.suptitle(f"One decode step of {first['shape']}, {first['batch']} requests x "
-                 f"{first['context']} cached tokens, {first['gpu']} ({dates})", fontsize=11)
+    fig.suptitle(
+        f"One decode step of {first['shape']}, {first['batch']} requests x "
+        f"{first['context']} cached tokens, {first['gpu']} ({dates})",
+        fontsize=11,
+    )
     height, ys = 0.4, range(len(kinds))
     for n, (label, run) in enumerate(runs):
         rows = [_kind_row(run, kind) for kind in kinds]
         at = [y + (0.5 - n) * height for y in ys]
-        left.barh(at, [r["us"] for r in rows], height, color=COLORS[n],
-                  label=f"{label}: {run['kernel_us']:,.0f} us in a {run['step_us'] / 1e3:.1f} ms "
-                        "step")
-        right.barh(at, [r["kernels"] for r in rows], height, color=COLORS[n],
-                   label=f"{label}: {run['kernels']:,} kernels")
+        left.barh(
+            at,
+            [r["us"] for r in rows],
+            height,
+            color=COLORS[n],
+            label=f"{label}: {run['kernel_us']:,.0f} us in a {run['step_us'] / 1e3:.1f} ms step",
+        )
+        right.barh(
+            at,
+            [r["kernels"] for r in rows],
+            height,
+            color=COLORS[n],
+            label=f"{label}: {run['kernels']:,} kernels",
+        )
         for y, r in zip(at, rows):
-            left.text(r["us"] + 60, y, f"{r['us']:,.0f} us ({r['share']:.1%})", va="center",
-                      fontsize=8)
+            left.text(
+                r["us"] + 60, y, f"{r['us']:,.0f} us ({r['share']:.1%})", va="center", fontsize=8
+            )
             right.text(r["kernels"] + 8, y, f"{r['kernels']:,}", va="center", fontsize=8)
     left.set_yticks(list(ys), kinds)
     left.set_xlim(0, max(r["us"] for _, run in runs for r in run["rows"]) * 1.45)
@@ -57,8 +73,11 @@ def decode_step_kernels() -> plt.Figure:
 
 def _kind_row(run: dict, kind: str) -> dict:
     """The run's row for `kind`; none when no kernel of that kind ran."""
-    return next((r for r in run["rows"] if r["kind"] == kind),
-                {"kind": kind, "kernels": 0, "us": 0.0, "share": 0.0})
+    return next(
+        (r for r in run["rows"] if r["kind"] == kind),
+        {"kind": kind, "kernels": 0, "us": 0.0, "share": 0.0},
+    )
+
 
 @figure("ch22", "throughput_by_chapter")
 def throughput_by_chapter_to_22() -> plt.Figure:
@@ -78,8 +97,10 @@ def throughput_by_chapter_to_22() -> plt.Figure:
     fig, ax = plt.subplots(figsize=(11, 6), layout="constrained")
     fig.suptitle("Output tokens/s on one H200, chapter by chapter, Qwen3-0.6B's shape")
     x = range(len(runs))
-    colors = [COLORS[0] if r["date"] == early["date"] else COLORS[1] if r["chapter"] else GREY
-              for r in runs]
+    colors = [
+        COLORS[0] if r["date"] == early["date"] else COLORS[1] if r["chapter"] else GREY
+        for r in runs
+    ]
     bars = ax.bar(x, rates, color=colors, width=0.6)
     for bar, run in zip(bars, runs):
         if not run["scope"].startswith("whole workload"):
@@ -88,20 +109,34 @@ def throughput_by_chapter_to_22() -> plt.Figure:
     for i, rate in zip(x, rates):
         ax.text(i, rate * 1.08, f"{rate:,}", ha="center", fontsize=9)
     floor = record["floor_tokens_per_s"]
-    ax.axhline(floor, color=COLORS[3], linestyle="--",
-               label=f"bandwidth floor: {floor:,} (ch15's main, 4,800 GB/s)")
+    ax.axhline(
+        floor,
+        color=COLORS[3],
+        linestyle="--",
+        label=f"bandwidth floor: {floor:,} (ch15's main, 4,800 GB/s)",
+    )
     for n, peer in enumerate(record["peers"]):
-        ax.axhline(peer["scaled_tokens_per_s"], color=COLORS[4 + n], linestyle=":",
-                   label=textwrap.fill(f"{peer['label']}: {peer['tokens_per_s']:,} on "
-                                       f"{peer['gpu']}, x{peer['scale']:.2f} for the H200's "
-                                       f"bandwidth = {peer['scaled_tokens_per_s']:,}", 70))
+        ax.axhline(
+            peer["scaled_tokens_per_s"],
+            color=COLORS[4 + n],
+            linestyle=":",
+            label=textwrap.fill(
+                f"{peer['label']}: {peer['tokens_per_s']:,} on "
+                f"{peer['gpu']}, x{peer['scale']:.2f} for the H200's "
+                f"bandwidth = {peer['scaled_tokens_per_s']:,}",
+                70,
+            ),
+        )
     ax.set_yscale("log")
     ax.set_ylim(50, floor * 12)  # room above the floor for the legend
     ax.set_xticks(list(x), [textwrap.fill(r["label"], 18) for r in runs], fontsize=8)
     ax.set_ylabel("output tokens/s (log scale)")
-    ax.set_title(f"{record['model']}; nano-vllm's workload\nblue: chapter 15's record "
-                 f"({early['date']}); orange: one call on {record['date']}; hatched: a slice of "
-                 "the workload", fontsize=10)
+    ax.set_title(
+        f"{record['model']}; nano-vllm's workload\nblue: chapter 15's record "
+        f"({early['date']}); orange: one call on {record['date']}; hatched: a slice of "
+        "the workload",
+        fontsize=10,
+    )
     ax.legend(loc="upper left", fontsize=8)
     ax.grid(alpha=0.3, axis="y", which="both")
     return fig

@@ -41,11 +41,20 @@ def measure(target: str, draft: str, k: int, noise: float, base: List[List[int]]
     """One engine run with ``draft`` as the draft model: its statistics, and how many drafts
     the target reached (a draft behind a refused one is proposed but never compared)."""
     import ch24_speculative as m
+
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
-    llm = quietly(LLM, target, device="cpu", page_size=4, num_pages=128, speculative="draft",
-                  draft_model=draft, speculative_k=k)
+    llm = quietly(
+        LLM,
+        target,
+        device="cpu",
+        page_size=4,
+        num_pages=128,
+        speculative="draft",
+        draft_model=draft,
+        speculative_k=k,
+    )
     speculator = llm.scheduler.speculator
     reached = 0
     decode = speculator.decode
@@ -66,6 +75,7 @@ def measure(target: str, draft: str, k: int, noise: float, base: List[List[int]]
 
 def sweep() -> List[Point]:
     import ch24_speculative as m
+
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
 
@@ -87,25 +97,45 @@ def acceptance() -> plt.Figure:
     prints), and against the chance that a draft the target reaches is kept (the formula's a),
     where the formula's curves and the bound k + 1 are drawn."""
     points = sweep()
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5.4), layout="constrained",
-                                      sharey=True)
-    fig.suptitle(f"Tokens per target forward, tiny Llama 3 with noisy copies of itself as "
-                 f"drafts (3 prompts, greedy, {MAX_TOKENS} tokens each)", fontsize=11)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5.4), layout="constrained", sharey=True)
+    fig.suptitle(
+        f"Tokens per target forward, tiny Llama 3 with noisy copies of itself as "
+        f"drafts (3 prompts, greedy, {MAX_TOKENS} tokens each)",
+        fontsize=11,
+    )
     grid = [i / 200 for i in range(200)]
     for k, color in zip(KS, COLORS):
         mine = [p for p in points if p.k == k]
-        for ax, x in ((left, [p.kept_fraction for p in mine]),
-                      (right, [p.per_draft for p in mine])):
-            ax.plot(x, [p.tokens_per_step for p in mine], "o", color=color,
-                    label=f"k = {k}" if ax is left else None)
+        for ax, x in (
+            (left, [p.kept_fraction for p in mine]),
+            (right, [p.per_draft for p in mine]),
+        ):
+            ax.plot(
+                x,
+                [p.tokens_per_step for p in mine],
+                "o",
+                color=color,
+                label=f"k = {k}" if ax is left else None,
+            )
             ax.axhline(k + 1, color=color, linewidth=0.8, linestyle=":")
-        right.plot(grid + [1.0], [expected_tokens(a, k) for a in grid + [1.0]], color=color,
-                   linewidth=1.2, label=f"(1 - a^{k + 1}) / (1 - a), k = {k}")
+        right.plot(
+            grid + [1.0],
+            [expected_tokens(a, k) for a in grid + [1.0]],
+            color=color,
+            linewidth=1.2,
+            label=f"(1 - a^{k + 1}) / (1 - a), k = {k}",
+        )
         right.text(0.01, k + 1.08, f"k + 1 = {k + 1}", color=color, fontsize=8)
     for p in points:
         if p.k == KS[-1] and p.noise in LABELLED:  # name the draft beside its k = 8 point
-            right.annotate(f"{p.noise:g}", (p.per_draft, p.tokens_per_step), fontsize=8,
-                           color=LABEL_GREY, xytext=(6, -13), textcoords="offset points")
+            right.annotate(
+                f"{p.noise:g}",
+                (p.per_draft, p.tokens_per_step),
+                fontsize=8,
+                color=LABEL_GREY,
+                xytext=(6, -13),
+                textcoords="offset points",
+            )
     left.set_title("against drafts kept / drafts proposed (the main's %)", fontsize=10)
     right.set_title("against a = drafts kept / drafts the target reached", fontsize=10)
     left.set_ylabel("tokens a request gets per target forward")
@@ -116,6 +146,12 @@ def acceptance() -> plt.Figure:
         ax.grid(alpha=0.3)
     left.legend(loc="upper left", fontsize=8)
     right.legend(loc="upper left", fontsize=8, bbox_to_anchor=(0.0, 0.86))
-    right.text(1.0, 1.0, "grey: the noise scale of the k = 8 draft", ha="right", fontsize=8,
-               color=LABEL_GREY)
+    right.text(
+        1.0,
+        1.0,
+        "grey: the noise scale of the k = 8 draft",
+        ha="right",
+        fontsize=8,
+        color=LABEL_GREY,
+    )
     return fig

@@ -30,18 +30,30 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT  # the chapter's own tree, written by `steps.py checkout`, while its figures are drawn
 
-plt.rcParams.update({
-    "svg.hashsalt": "minisgl-figures",  # fixed ids inside the SVG
-    "svg.fonttype": "none",  # text stays text: small files, searchable
-    "font.family": "DejaVu Sans",
-    "font.size": 11,
-    "axes.titlesize": 12,
-    "figure.titlesize": 14,
-    "figure.titleweight": "bold",
-})
+plt.rcParams.update(
+    {
+        "svg.hashsalt": "minisgl-figures",  # fixed ids inside the SVG
+        "svg.fonttype": "none",  # text stays text: small files, searchable
+        "font.family": "DejaVu Sans",
+        "font.size": 11,
+        "axes.titlesize": 12,
+        "figure.titlesize": 14,
+        "figure.titleweight": "bold",
+    }
+)
 # one colour per request / rank / part, in this order
-COLORS = ["#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3",
-          "#8C8C8C", "#CCB974", "#64B5CD"]
+COLORS = [
+    "#4C72B0",
+    "#DD8452",
+    "#55A868",
+    "#C44E52",
+    "#8172B3",
+    "#937860",
+    "#DA8BC3",
+    "#8C8C8C",
+    "#CCB974",
+    "#64B5CD",
+]
 GREY, LIGHT = "#B0B0B0", "#EEEEEE"
 
 FIGURES: dict[str, list[tuple[str, Callable[[], plt.Figure]]]] = {}
@@ -49,9 +61,11 @@ FIGURES: dict[str, list[tuple[str, Callable[[], plt.Figure]]]] = {}
 
 def figure(chapter: str, name: str):
     """Register a function that returns a matplotlib figure as ``chapter``'s ``name``.svg."""
+
     def register(draw: Callable[[], plt.Figure]) -> Callable[[], plt.Figure]:
         FIGURES.setdefault(chapter, []).append((name, draw))
         return draw
+
     return register
 
 
@@ -69,8 +83,9 @@ def tiny_model(family: str, tmp: str) -> str:
     return str(tiny_models.make_tiny_model(family, f"{tmp}/{family}"))
 
 
-def box(ax: Axes, x: float, y: float, w: float, h: float, fill: str, text: str = "",
-        **text_args) -> None:
+def box(
+    ax: Axes, x: float, y: float, w: float, h: float, fill: str, text: str = "", **text_args
+) -> None:
     """A filled rectangle with centred text (y grows downwards in the diagrams)."""
     ax.add_patch(Rectangle((x, y), w, h, facecolor=fill, edgecolor="white", linewidth=1.5))
     if text:
@@ -78,8 +93,17 @@ def box(ax: Axes, x: float, y: float, w: float, h: float, fill: str, text: str =
 
 
 def arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], **style) -> None:
-    ax.add_patch(FancyArrowPatch(start, end, arrowstyle="-|>", mutation_scale=14,
-                                 color=style.pop("color", "#444444"), linewidth=1.3, **style))
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle="-|>",
+            mutation_scale=14,
+            color=style.pop("color", "#444444"),
+            linewidth=1.3,
+            **style,
+        )
+    )
 
 
 def diagram(ax: Axes, width: float, height: float) -> None:
@@ -125,9 +149,17 @@ def run_main(main: str, steps: list[list[Step]] | None = None) -> dict:
             return out
         sampled = [r.uid for r in reqs if len(r.output_ids) > before.get(r.uid, 0)]
         used = self.engine.num_pages - self.cache_manager.num_free_pages
-        steps[-1].append(Step(out.phase, dict(zip(out.uids, out.extend_lens)), sampled,
-                              [r.uid for r in out.finished], [r.uid for r in self.waiting], used,
-                              self.config.max_extend_tokens))
+        steps[-1].append(
+            Step(
+                out.phase,
+                dict(zip(out.uids, out.extend_lens)),
+                sampled,
+                [r.uid for r in out.finished],
+                [r.uid for r in self.waiting],
+                used,
+                self.config.max_extend_tokens,
+            )
+        )
         return out
 
     steps.append([])
@@ -155,8 +187,7 @@ def timeline(ax: Axes, steps: list[Step]) -> None:
                 if step.phase == "prefill" and len({*step.ran, *step.waiting}) > 0:
                     letter = f"P{step.ran[uid]}"
                 letter += "*" if uid in step.finished else ""
-                box(ax, x, row, 1, 1, PHASE_COLORS[step.phase], letter, color="white",
-                    fontsize=9)
+                box(ax, x, row, 1, 1, PHASE_COLORS[step.phase], letter, color="white", fontsize=9)
                 started.add(uid)
             elif uid in step.waiting:
                 box(ax, x, row, 1, 1, LIGHT, "w", color="#666666", fontsize=9)

@@ -22,9 +22,7 @@ STEPS_FILE = "steps.yaml"
 CHAPTER_ID = re.compile(r"ch(\d{2,})")
 REQUIRES = ("cpu", "gpu")
 # Files that appear beside sources but are never part of a tree.
-JUNK = re.compile(
-    r"(^|/)(__pycache__|\.pytest_cache|\.ruff_cache|[^/]*\.egg-info)(/|$)|\.py[co]$"
-)
+JUNK = re.compile(r"(^|/)(__pycache__|\.pytest_cache|\.ruff_cache|[^/]*\.egg-info)(/|$)|\.py[co]$")
 
 
 @dataclass(frozen=True)
@@ -143,8 +141,9 @@ def _layers(top: _Map) -> tuple[tuple[str, ...], ...]:
     for entry in _field(top, "layers", list, default=[]):
         layer = tuple(entry) if isinstance(entry, list) else (entry,)
         if not layer or not all(isinstance(name, str) and name for name in layer):
-            raise BookError("each entry of 'layers' is a name or a list of names", _at(top,
-                                                                                      "layers"))
+            raise BookError(
+                "each entry of 'layers' is a name or a list of names", _at(top, "layers")
+            )
         layers.append(layer)
     names = [name for layer in layers for name in layer]
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -154,8 +153,19 @@ def _layers(top: _Map) -> tuple[tuple[str, ...], ...]:
 
 
 def _chapter(entry: _Map, stage: str) -> Chapter:
-    known = {"id", "slug", "title", "main", "tests", "new", "modified", "early", "requires",
-             "needs", "tolerance"}
+    known = {
+        "id",
+        "slug",
+        "title",
+        "main",
+        "tests",
+        "new",
+        "modified",
+        "early",
+        "requires",
+        "needs",
+        "tolerance",
+    }
     for key in entry:
         if key not in known:
             raise BookError(f"unknown key {key!r} in a chapter", _at(entry, key))
@@ -216,8 +226,9 @@ def _collect_history(book: Book) -> None:
             book.history[path] = [Write(chapter, "new")]
         for path in chapter.modified:
             if path not in book.added_in:
-                raise BookError(f"{chapter.id} modifies {path}, which no earlier chapter adds",
-                                where)
+                raise BookError(
+                    f"{chapter.id} modifies {path}, which no earlier chapter adds", where
+                )
             if book.history[path][-1].chapter is chapter:
                 raise BookError(f"{chapter.id} lists {path} as both new and modified", where)
             book.history[path].append(Write(chapter, "modified"))
@@ -226,11 +237,13 @@ def _collect_history(book: Book) -> None:
         for path in chapter.early:
             owner = book.added_in.get(path)
             if owner is None:
-                raise BookError(f"{chapter.id} brings in {path} early, but no chapter adds it",
-                                where)
+                raise BookError(
+                    f"{chapter.id} brings in {path} early, but no chapter adds it", where
+                )
             if owner.number <= chapter.number:
-                raise BookError(f"{chapter.id} brings in {path} early, but {owner.id} adds it "
-                                "already", where)
+                raise BookError(
+                    f"{chapter.id} brings in {path} early, but {owner.id} adds it already", where
+                )
             if path in book.early_in:
                 raise BookError(f"{path} is brought in early twice", where)
             book.early_in[path] = chapter
@@ -246,16 +259,20 @@ def _check_versions(book: Book) -> None:
             if not stored.is_file():
                 kind = "newest version" if write is writes[-1] else "superseded version"
                 where = f"{STEPS_FILE}:{write.chapter.line}"
-                raise BookError(f"the {kind} of {path} from {write.chapter.id} is missing: "
-                                f"expected {stored.relative_to(book.root)}", where)
+                raise BookError(
+                    f"the {kind} of {path} from {write.chapter.id} is missing: "
+                    f"expected {stored.relative_to(book.root)}",
+                    where,
+                )
     stores = [book.root / book.package_root]
     stores += [book.root / c.folder / book.package_root for c in book.chapters]
     for store in stores:
         for found in sorted(store.rglob("*")) if store.is_dir() else []:
             relative = found.relative_to(book.root).as_posix()
             if found.is_file() and not JUNK.search(relative) and found not in expected:
-                raise BookError("no chapter of steps.yaml writes this file (an orphaned "
-                                "version?)", relative)
+                raise BookError(
+                    "no chapter of steps.yaml writes this file (an orphaned version?)", relative
+                )
 
 
 # --- YAML with line numbers -------------------------------------------------------------------
@@ -333,8 +350,9 @@ def parse_selection(book: Book, text: str | None) -> list[Chapter]:
     for part in text.split(","):
         ends = [e.strip() for e in part.split("-")]
         if len(ends) > 2 or not all(re.fullmatch(r"(?:ch)?\d+", e) for e in ends):
-            raise BookError(f"not a chapter or a range: {part!r} (write 20, ch20, 3-7 or "
-                            "ch03-ch07)")
+            raise BookError(
+                f"not a chapter or a range: {part!r} (write 20, ch20, 3-7 or ch03-ch07)"
+            )
         first, last = (_chapter_number(book, e) for e in (ends[0], ends[-1]))
         if first > last:
             raise BookError(f"the range {part!r} runs backwards")

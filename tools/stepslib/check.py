@@ -82,8 +82,9 @@ class Result:
         self.details.append((heading or f"{step}: {outcome}", detail))
 
 
-def check_chapter(book: Book, chapter: Chapter, options: Options,
-                  warm: WarmPython | None = None) -> Result:
+def check_chapter(
+    book: Book, chapter: Chapter, options: Options, warm: WarmPython | None = None
+) -> Result:
     result = Result(chapter)
     if chapter.requires == "gpu" and not runner.has_gpu():
         return Result(chapter, "skip", "needs a GPU")
@@ -164,8 +165,9 @@ def _check_practice(book: Book, chapter: Chapter, result: Result) -> None:
 
 def _exercise_folders(book: Book, chapter: Chapter, judge: Any) -> list[Path]:
     found = judge.folders(book.root / PRACTICE)
-    return [folder for exercise_id, folder in found.items()
-            if int(exercise_id[:2]) == chapter.number]
+    return [
+        folder for exercise_id, folder in found.items() if int(exercise_id[:2]) == chapter.number
+    ]
 
 
 _judges: dict[Path, Any] = {}
@@ -188,21 +190,34 @@ def _judge(book: Book) -> Any:
         return _judges[path]
 
 
-def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
-                result: Result, warm: WarmPython | None) -> None:
+def _check_main(
+    book: Book,
+    chapter: Chapter,
+    tree: Path,
+    python: Path,
+    options: Options,
+    result: Result,
+    warm: WarmPython | None,
+) -> None:
     gpu = chapter.requires == "gpu"
     outcome = runner.run_main(tree, chapter.main, python, gpu, warm)
     prints = f"{chapter.folder}/{PRINTS}"
     run = f"{options.tool} run {chapter.id}" + (
-        f" --against {shlex.quote(str(options.against))}" if options.against else "")
+        f" --against {shlex.quote(str(options.against))}" if options.against else ""
+    )
     if not outcome.ok:
-        result.fail("main", "failed", f"{outcome.detail.rstrip()}\n\nrun it yourself: {run}",
-                    f"main: {chapter.main} failed")
+        result.fail(
+            "main",
+            "failed",
+            f"{outcome.detail.rstrip()}\n\nrun it yourself: {run}",
+            f"main: {chapter.main} failed",
+        )
         return
     recorded_path = book.root / prints
     if not recorded_path.is_file():
-        result.fail("main", "no prints", f"{prints} is missing: "
-                                         f"run `{options.tool} record {chapter.id}`")
+        result.fail(
+            "main", "no prints", f"{prints} is missing: run `{options.tool} record {chapter.id}`"
+        )
         return
     recorded = recorded_path.read_text(encoding="utf-8")
     if runner.same_prints(recorded, outcome.output, chapter.tolerance):
@@ -210,12 +225,23 @@ def _check_main(book: Book, chapter: Chapter, tree: Path, python: Path, options:
         return
     printed = "printed by your tree" if options.against else "printed now"
     diff = runner.prints_diff(recorded, outcome.output, prints, ("recorded", printed))
-    result.fail("main", "differs", f"{diff}\nsee all it prints: {run}",
-                f"main: {runner.lines_differing(recorded, outcome.output)} from {PRINTS}")
+    result.fail(
+        "main",
+        "differs",
+        f"{diff}\nsee all it prints: {run}",
+        f"main: {runner.lines_differing(recorded, outcome.output)} from {PRINTS}",
+    )
 
 
-def _check_tests(book: Book, chapter: Chapter, tree: Path, python: Path, options: Options,
-                 result: Result, warm: WarmPython | None) -> None:
+def _check_tests(
+    book: Book,
+    chapter: Chapter,
+    tree: Path,
+    python: Path,
+    options: Options,
+    result: Result,
+    warm: WarmPython | None,
+) -> None:
     chapters = book.upto(chapter) if options.cumulative else [chapter]
     tests = [t for c in chapters for t in c.tests]
     if not tests:
@@ -227,12 +253,16 @@ def _check_tests(book: Book, chapter: Chapter, tree: Path, python: Path, options
         result.steps["tests"] = outcome.summary
         return
     first = outcome.first_failure
-    again = rerun_command(kept_tree(book, chapter, options), options.against,
-                          [first] if first else tests)
+    again = rerun_command(
+        kept_tree(book, chapter, options), options.against, [first] if first else tests
+    )
     what = "the first failing test (shown whole above)" if first else "the tests"
-    result.fail("tests", outcome.summary,
-                f"{outcome.detail.rstrip()}\n\nre-run {what} by hand:\n  {again}",
-                f"tests: {outcome.summary}")
+    result.fail(
+        "tests",
+        outcome.summary,
+        f"{outcome.detail.rstrip()}\n\nre-run {what} by hand:\n  {again}",
+        f"tests: {outcome.summary}",
+    )
 
 
 def kept_tree(book: Book, chapter: Chapter, options: Options) -> Path:
@@ -249,8 +279,10 @@ def _keep_while_failing(tree: Path, kept: Path, result: Result) -> None:
 def rerun_command(tree: Path, against: Path | None, tests: list[str]) -> str:
     """A shell command that runs `tests` (node ids or files) in a kept tree, as check ran them."""
     python_path = shlex.quote(str(against / "python")) if against else "python"
-    return (f"cd {shlex.quote(str(tree))} && PYTHONPATH={python_path} "
-            f"{python_command()} -m pytest " + " ".join(map(shlex.quote, tests)))
+    return (
+        f"cd {shlex.quote(str(tree))} && PYTHONPATH={python_path} "
+        f"{python_command()} -m pytest " + " ".join(map(shlex.quote, tests))
+    )
 
 
 def python_command() -> str:
@@ -320,8 +352,11 @@ def _cached(book: Book, key: str) -> dict | None:
 def _store(book: Book, key: str, result: Result) -> None:
     folder = book.root / CACHE
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"steps": result.steps, "tests": result.tests,
-              "forwards": [[f.where, f.module, f.chapter] for f in result.forwards]}
+    record = {
+        "steps": result.steps,
+        "tests": result.tests,
+        "forwards": [[f.where, f.module, f.chapter] for f in result.forwards],
+    }
     partial = folder / f"{key}.json.part"
     partial.write_text(json.dumps(record), encoding="utf-8")
     partial.replace(folder / f"{key}.json")
@@ -350,15 +385,21 @@ def _record_seconds(book: Book, chapter: Chapter, seconds: float) -> None:
 
 
 def _from_cache(chapter: Chapter, record: dict) -> Result:
-    return Result(chapter, steps=record["steps"], tests=[tuple(t) for t in record["tests"]],
-                  forwards=[Forward(*f) for f in record["forwards"]], cached=True)
+    return Result(
+        chapter,
+        steps=record["steps"],
+        tests=[tuple(t) for t in record["tests"]],
+        forwards=[Forward(*f) for f in record["forwards"]],
+        cached=True,
+    )
 
 
 # --- many chapters ----------------------------------------------------------------------------
 
 
-def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
-               progress: TextIO) -> list[Result]:
+def check_book(
+    book: Book, chapters: list[Chapter], options: Options, jobs: int, progress: TextIO
+) -> list[Result]:
     """Check `chapters`, `jobs` at a time, showing progress; results in chapter order."""
     results: dict[str, Result] = {}
     todo: list[tuple[Chapter, str | None]] = []
@@ -375,8 +416,9 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
     display = _Progress(progress, len(chapters), len(results))
     workers = max(1, jobs)
     with _warm_python(book, todo, options) as warm, ThreadPoolExecutor(workers) as pool:
-        futures = {pool.submit(_timed, display, book, c, options, warm): (c, key)
-                   for c, key in todo}
+        futures = {
+            pool.submit(_timed, display, book, c, options, warm): (c, key) for c, key in todo
+        }
         for future in as_completed(futures):
             chapter, key = futures[future]
             result = future.result()
@@ -391,8 +433,9 @@ def check_book(book: Book, chapters: list[Chapter], options: Options, jobs: int,
 
 
 @contextlib.contextmanager
-def _warm_python(book: Book, todo: list[tuple[Chapter, str | None]],
-                 options: Options) -> Iterator[WarmPython | None]:
+def _warm_python(
+    book: Book, todo: list[tuple[Chapter, str | None]], options: Options
+) -> Iterator[WarmPython | None]:
     """A warm server for the mains and tests to come, when the book names modules to preload and
     some chapters will run off the GPU."""
     cpu = [chapter for chapter, _ in todo if chapter.requires != "gpu"]
@@ -406,8 +449,9 @@ def _warm_python(book: Book, todo: list[tuple[Chapter, str | None]],
         warm.close()
 
 
-def _timed(display: _Progress, book: Book, chapter: Chapter, options: Options,
-           warm: WarmPython | None) -> Result:
+def _timed(
+    display: _Progress, book: Book, chapter: Chapter, options: Options, warm: WarmPython | None
+) -> Result:
     display.start(chapter)
     start = time.monotonic()
     try:
@@ -448,8 +492,9 @@ class _Progress:
 
     def _draw(self) -> None:
         if self.live and self.running:
-            self.stream.write(f"\r\033[K[{self.finished}/{self.total}] running "
-                              + " ".join(self.running))
+            self.stream.write(
+                f"\r\033[K[{self.finished}/{self.total}] running " + " ".join(self.running)
+            )
             self.stream.flush()
 
     def close(self) -> None:
@@ -463,9 +508,18 @@ def summary_table(results: list[Result]) -> str:
     for r in results:
         status = "skipped" if r.status == "skip" else r.status
         outcome = status + (f": {r.reason}" if r.reason else "") + (" (cached)" * r.cached)
-        rows.append((r.chapter.id, r.chapter.title[:34], r.steps.get("imports", "-"),
-                     r.steps.get("main", "-"), r.steps.get("tests", "-"),
-                     r.steps.get("text", "-"), r.steps.get("practice", "-"), outcome))
+        rows.append(
+            (
+                r.chapter.id,
+                r.chapter.title[:34],
+                r.steps.get("imports", "-"),
+                r.steps.get("main", "-"),
+                r.steps.get("tests", "-"),
+                r.steps.get("text", "-"),
+                r.steps.get("practice", "-"),
+                outcome,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -476,16 +530,23 @@ def _counts(results: list[Result]) -> list[str]:
     """Chapters and their tests by outcome, and why tests were skipped, most often first."""
     chapters = {s: sum(r.status == s for r in results) for s in ("pass", "fail", "skip")}
     tests = [test for r in results for test in r.tests]
-    outcomes = {s: sum(outcome == s for _, outcome, _ in tests)
-                for s in ("passed", "failed", "skipped", "xfailed")}
-    line = (f"chapters: {chapters['pass']} passed, {chapters['fail']} failed, "
-            f"{chapters['skip']} skipped")
+    outcomes = {
+        s: sum(outcome == s for _, outcome, _ in tests)
+        for s in ("passed", "failed", "skipped", "xfailed")
+    }
+    line = (
+        f"chapters: {chapters['pass']} passed, {chapters['fail']} failed, "
+        f"{chapters['skip']} skipped"
+    )
     if tests:
-        line += (f"; their tests: {outcomes['passed']:,} passed, {outcomes['failed']:,} failed, "
-                 f"{outcomes['skipped']:,} skipped"
-                 + (f", {outcomes['xfailed']:,} xfailed" if outcomes["xfailed"] else ""))
-    reasons = Counter(why or "(no reason given)" for _, outcome, why in tests
-                      if outcome == "skipped")
+        line += (
+            f"; their tests: {outcomes['passed']:,} passed, {outcomes['failed']:,} failed, "
+            f"{outcomes['skipped']:,} skipped"
+            + (f", {outcomes['xfailed']:,} xfailed" if outcomes["xfailed"] else "")
+        )
+    reasons = Counter(
+        why or "(no reason given)" for _, outcome, why in tests if outcome == "skipped"
+    )
     lines = [line]
     if reasons:
         lines.append("tests skipped, by reason:")
@@ -498,21 +559,27 @@ def write_junit(results: list[Result], path: Path) -> None:
     suites = ET.Element("testsuites", name="steps check")
     for r in results:
         suite = ET.SubElement(suites, "testsuite", name=r.chapter.name)
-        cases = [(f"{r.chapter.name}.steps", step, "failed" if step in r.failed else "passed",
-                  "") for step in r.steps]
+        cases = [
+            (f"{r.chapter.name}.steps", step, "failed" if step in r.failed else "passed", "")
+            for step in r.steps
+        ]
         cases += [(f"{r.chapter.name}.tests", *test) for test in r.tests]
         failures = 0
         for classname, name, outcome, why in cases:
             case = ET.SubElement(suite, "testcase", classname=classname, name=name)
             if outcome == "failed":
                 failures += 1
-                ET.SubElement(case, "failure", message=r.steps.get(name, "failed")).text = \
-                    "\n\n".join(f"{heading}\n{detail}" for heading, detail in r.details)
+                ET.SubElement(
+                    case, "failure", message=r.steps.get(name, "failed")
+                ).text = "\n\n".join(f"{heading}\n{detail}" for heading, detail in r.details)
             elif outcome in ("skipped", "xfailed"):
                 ET.SubElement(case, "skipped", message=why)
         if r.status == "skip":
-            ET.SubElement(ET.SubElement(suite, "testcase", classname=r.chapter.name,
-                                        name="chapter"), "skipped", message=r.reason)
+            ET.SubElement(
+                ET.SubElement(suite, "testcase", classname=r.chapter.name, name="chapter"),
+                "skipped",
+                message=r.reason,
+            )
         suite.set("tests", str(len(suite)))
         suite.set("failures", str(failures))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -46,10 +46,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="steps.py", description=DESCRIPTION,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT,
-                        help="the book's folder (default: the one holding tools/)")
+    parser = _Parser(
+        prog="steps.py",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=DEFAULT_ROOT,
+        help="the book's folder (default: the one holding tools/)",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     commands.required = True
     commands.add_parser("list", help="one row per chapter")
@@ -60,13 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("dest", type=Path)
     out.add_argument("--git", action="store_true", help="one commit per chapter, tagged chNN")
     out.add_argument("--force", action="store_true", help="empty a non-empty DEST first")
-    imp = commands.add_parser("import", help="write an edited `checkout --git` history back "
-                              "into the book")
+    imp = commands.add_parser(
+        "import", help="write an edited `checkout --git` history back into the book"
+    )
     imp.add_argument("source", type=Path, metavar="DIR", help="the history's repository")
     imp.add_argument("--rev", default="HEAD", help="the last chapter's commit (default: HEAD)")
     imp.add_argument("--dry-run", action="store_true", help="say what would change, write nothing")
-    imp.add_argument("--force", action="store_true",
-                     help="overwrite files of the book that have uncommitted changes")
+    imp.add_argument(
+        "--force",
+        action="store_true",
+        help="overwrite files of the book that have uncommitted changes",
+    )
     one = commands.add_parser("diff", help="unified diff of the tree from chapter N-1 to N")
     one.add_argument("chapter")
     run = commands.add_parser("run", help="run a chapter's main in its tree")
@@ -80,8 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     chk.add_argument("--cumulative", action="store_true", help="every test up to the chapter")
     chk.add_argument("--against", type=Path, metavar="DIR", help="a learner's tree")
     chk.add_argument("--junit", type=Path, metavar="FILE")
-    chk.add_argument("--no-skip", action="store_true",
-                     help="a CPU chapter whose packages are missing fails instead of skipping")
+    chk.add_argument(
+        "--no-skip",
+        action="store_true",
+        help="a CPU chapter whose packages are missing fails instead of skipping",
+    )
     rec = commands.add_parser("record", help="re-run mains and rewrite their main.out")
     rec.add_argument("chapters", nargs="+")
     mat = commands.add_parser("matrix", help="GitHub Actions matrix JSON")
@@ -111,8 +125,18 @@ def _one(book: Book, text: str) -> Chapter:
 def cmd_list(book: Book, args: argparse.Namespace) -> int:
     rows = [("stage", "id", "title", "files", "new", "modified", "early", "requires")]
     for c in book.chapters:
-        rows.append((c.stage, c.id, c.title, str(len(package_files(book, c))), str(len(c.new)),
-                     str(len(c.modified)), str(len(c.early)), c.requires))
+        rows.append(
+            (
+                c.stage,
+                c.id,
+                c.title,
+                str(len(package_files(book, c))),
+                str(len(c.new)),
+                str(len(c.modified)),
+                str(len(c.early)),
+                c.requires,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
@@ -134,9 +158,14 @@ def cmd_checkout(book: Book, args: argparse.Namespace) -> int:
         checkout_git(book, chapter, dest)
     else:
         write_tree(tree_at(book, chapter), dest)
-    print(f"wrote the tree at {chapter.id} to {dest}"
-          + (f" (git: a commit per chapter, tagged {book.chapters[0].id}..{chapter.id})"
-             if args.git else ""))
+    print(
+        f"wrote the tree at {chapter.id} to {dest}"
+        + (
+            f" (git: a commit per chapter, tagged {book.chapters[0].id}..{chapter.id})"
+            if args.git
+            else ""
+        )
+    )
     print(f"run its main: cd {dest} && PYTHONPATH=python python {chapter.main}")
     return 0
 
@@ -189,8 +218,11 @@ def cmd_run(book: Book, args: argparse.Namespace) -> int:
         python = against / "python" if against else tree / "python"
         env = runner.fixed_env(python, chapter.requires == "gpu")
         if against is None:
-            return 0 if subprocess.run([sys.executable, chapter.main], cwd=tree,
-                                       env=env).returncode == 0 else 1
+            return (
+                0
+                if subprocess.run([sys.executable, chapter.main], cwd=tree, env=env).returncode == 0
+                else 1
+            )
         returncode, printed = _run_echoing([sys.executable, chapter.main], tree, env)
     return 0 if _verdict(book, chapter, returncode, printed) else 1
 
@@ -198,8 +230,9 @@ def cmd_run(book: Book, args: argparse.Namespace) -> int:
 def _run_echoing(command: list[str], cwd: Path, env: dict[str, str]) -> tuple[int, str]:
     """Run `command`, its stdout shown line by line as it comes and returned whole."""
     lines = []
-    with subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True,
-                          encoding="utf-8") as process:
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True, encoding="utf-8"
+    ) as process:
         for line in process.stdout:
             sys.stdout.write(line)
             sys.stdout.flush()
@@ -221,13 +254,18 @@ def _verdict(book: Book, chapter: Chapter, returncode: int, printed: str) -> boo
             print(f"\n── your tree prints what {prints} holds, line for line ──")
             return True
         if runner.same_prints(recorded, printed, chapter.tolerance):
-            print(f"\n── your tree prints what {prints} holds, its numbers within the "
-                  f"chapter's tolerance of {chapter.tolerance:g} ──")
+            print(
+                f"\n── your tree prints what {prints} holds, its numbers within the "
+                f"chapter's tolerance of {chapter.tolerance:g} ──"
+            )
             return True
-        print(f"\n── {runner.lines_differing(recorded, printed)} between your tree's prints "
-              f"and {prints} ──")
-        sys.stdout.write(runner.prints_diff(recorded, printed, prints,
-                                            ("recorded", "printed by your tree")))
+        print(
+            f"\n── {runner.lines_differing(recorded, printed)} between your tree's prints "
+            f"and {prints} ──"
+        )
+        sys.stdout.write(
+            runner.prints_diff(recorded, printed, prints, ("recorded", "printed by your tree"))
+        )
     return False
 
 
@@ -237,10 +275,16 @@ def _learner_tree(book: Book, folder: Path) -> Path:
     top = next(iter(book.history), "minisgl/").split("/")[0]
     package = folder / "python" / top
     if not package.is_dir():
-        raise BookError(f"no python/{top} here: a learner's tree has a checkout's layout "
-                        f"(DIR/python/{top})", str(folder))
-    done = subprocess.run([sys.executable, "-c", f"import {top}"], capture_output=True,
-                          text=True, env=runner.fixed_env(folder / "python"))
+        raise BookError(
+            f"no python/{top} here: a learner's tree has a checkout's layout (DIR/python/{top})",
+            str(folder),
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {top}"],
+        capture_output=True,
+        text=True,
+        env=runner.fixed_env(folder / "python"),
+    )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise BookError(f"the package does not import: {last}", str(package))
@@ -250,9 +294,14 @@ def _learner_tree(book: Book, folder: Path) -> Path:
 def cmd_check(book: Book, args: argparse.Namespace) -> int:
     chapters = parse_selection(book, args.chapters)
     against = _learner_tree(book, args.against) if args.against else None
-    options = check.Options(static=args.static, cumulative=args.cumulative,
-                            use_cache=not args.no_cache, against=against,
-                            no_skip=args.no_skip, tool=_invocation(book))
+    options = check.Options(
+        static=args.static,
+        cumulative=args.cumulative,
+        use_cache=not args.no_cache,
+        against=against,
+        no_skip=args.no_skip,
+        tool=_invocation(book),
+    )
     results = check.check_book(book, chapters, options, args.jobs, sys.stderr)
     print(check.summary_table(results), end="")
     _print_forwards(results)
@@ -300,8 +349,9 @@ def cmd_record(book: Book, args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix=f"steps-{chapter.id}-") as scratch:
             tree = Path(scratch)
             write_tree(tree_at(book, chapter), tree)
-            outcome = runner.run_main(tree, chapter.main, tree / "python",
-                                      chapter.requires == "gpu")
+            outcome = runner.run_main(
+                tree, chapter.main, tree / "python", chapter.requires == "gpu"
+            )
         if not outcome.ok:
             print(f"{chapter.id}: not recorded: {outcome.detail}")
             status = 1
@@ -325,15 +375,19 @@ def cmd_matrix(book: Book, args: argparse.Namespace) -> int:
     if args.changed_since:
         changed = _changed_files(book, args.changed_since)
         chapters = [c for c in chapters if _affected(book, c, changed)]
-    entries = [{"chapter": c.id, "name": c.name, "title": c.title, "requires": c.requires}
-               for c in chapters]
+    entries = [
+        {"chapter": c.id, "name": c.name, "title": c.title, "requires": c.requires}
+        for c in chapters
+    ]
     print(json.dumps({"include": entries}))
     return 0
 
 
 def _changed_files(book: Book, ref: str) -> set[str]:
-    commands = [["git", "diff", "--name-only", ref, "--"],
-                ["git", "ls-files", "--others", "--exclude-standard"]]
+    commands = [
+        ["git", "diff", "--name-only", ref, "--"],
+        ["git", "ls-files", "--others", "--exclude-standard"],
+    ]
     changed: set[str] = set()
     for command in commands:
         done = subprocess.run(command, cwd=book.root, capture_output=True, text=True)
@@ -358,7 +412,15 @@ def cmd_render(book: Book, args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"list": cmd_list, "tree": cmd_tree, "checkout": cmd_checkout, "import": cmd_import,
-            "diff": cmd_diff,
-            "run": cmd_run, "check": cmd_check, "record": cmd_record, "matrix": cmd_matrix,
-            "render": cmd_render}
+COMMANDS = {
+    "list": cmd_list,
+    "tree": cmd_tree,
+    "checkout": cmd_checkout,
+    "import": cmd_import,
+    "diff": cmd_diff,
+    "run": cmd_run,
+    "check": cmd_check,
+    "record": cmd_record,
+    "matrix": cmd_matrix,
+    "render": cmd_render,
+}

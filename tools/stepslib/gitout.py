@@ -30,7 +30,12 @@ def checkout_git(book: Book, chapter: Chapter, dest: Path) -> None:
         previous = set(tree)
         repo.git.add("--all")
         date = f"{EPOCH + 3600 * step.number} +0000"
-        repo.git.commit("--allow-empty", "-q", "-m", f"{step.id}: {step.title}",
-                        env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date})
+        repo.git.commit(
+            "--allow-empty",
+            "-q",
+            "-m",
+            f"{step.id}: {step.title}",
+            env={"GIT_AUTHOR_DATE": date, "GIT_COMMITTER_DATE": date},
+        )
         repo.create_tag(step.id)
     repo.close()

@@ -108,24 +108,35 @@ class Layers:
         if not here:
             return []  # the package's own __init__
         if here not in self.rank:
-            return [Problem(f"{self.shown[source]}:1", f"{top}.{here} is in no layer of "
-                            "steps.yaml's `layers`: add it where what it imports is below it")]
+            return [
+                Problem(
+                    f"{self.shown[source]}:1",
+                    f"{top}.{here} is in no layer of "
+                    "steps.yaml's `layers`: add it where what it imports is below it",
+                )
+            ]
         problems = []
         for node in _runtime_imports(tree):
             pairs = _imports(node, module, source.name == "__init__.py")
-            upward = sorted({self._part(target) for target, _ in pairs} - {here, None},
-                            key=lambda part: self.rank.get(part, -1))
-            upward = [part for part in upward if part in self.rank
-                      and self.rank[part] >= self.rank[here]]
+            upward = sorted(
+                {self._part(target) for target, _ in pairs} - {here, None},
+                key=lambda part: self.rank.get(part, -1),
+            )
+            upward = [
+                part for part in upward if part in self.rank and self.rank[part] >= self.rank[here]
+            ]
             if upward:
                 names = [name for target, name in pairs if self._part(target) == upward[-1]]
                 spelled = _spelled(pairs[0][0], ", ".join(n for n in names if n) or None)
                 how = "beside" if self.rank[upward[-1]] == self.rank[here] else "above"
-                problems.append(Problem(
-                    f"{self.shown[source]}:{node.lineno}",
-                    f"`{spelled}`: {here} imports {upward[-1]}, which is {how} it in "
-                    "steps.yaml's layers; import it under `if TYPE_CHECKING:` if only "
-                    "annotations use it, or move what it needs down"))
+                problems.append(
+                    Problem(
+                        f"{self.shown[source]}:{node.lineno}",
+                        f"`{spelled}`: {here} imports {upward[-1]}, which is {how} it in "
+                        "steps.yaml's layers; import it under `if TYPE_CHECKING:` if only "
+                        "annotations use it, or move what it needs down",
+                    )
+                )
         return problems
 
     def _part(self, target: str) -> str | None:
@@ -154,7 +165,8 @@ def _runtime_imports(tree: ast.Module) -> list[ast.stmt]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def module_name(path: str) -> str:
@@ -182,7 +194,7 @@ def _imports(node: ast.AST, module: str, is_package: bool) -> list[tuple[str, st
 
 
 def _forward_mark(lines: list[str], node: ast.stmt) -> int | None:
-    for line in lines[node.lineno - 1: node.end_lineno or node.lineno]:
+    for line in lines[node.lineno - 1 : node.end_lineno or node.lineno]:
         match = FORWARD.search(line)
         if match:
             return int(match.group(1))

@@ -88,15 +88,19 @@ def find_symbol(text: str, symbol: str, path: str) -> str:
     body = ast.parse(text).body
     node: ast.stmt | None = None
     for part in symbol.split("."):
-        candidates = [n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                        ast.ClassDef)) and n.name == part]
+        candidates = [
+            n
+            for n in body
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and n.name == part
+        ]
         if not candidates:
             raise BookError(f"{path} has no {symbol}")
         node = candidates[0]
         body = node.body
     assert node is not None
     first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-    lines = text.splitlines()[first - 1: node.end_lineno]
+    lines = text.splitlines()[first - 1 : node.end_lineno]
     return textwrap.dedent("\n".join(lines)) + "\n"
 
 

@@ -52,9 +52,12 @@ def failure_report(output: str, failed: list[str]) -> tuple[str, str | None]:
         return cut(output, BEFORE_LIMIT + REST_LIMIT), None
     node, (start, end) = _first(sections, failed)
     summary = _summary_start(lines, end)
-    parts = [cut("".join(lines[:start]), BEFORE_LIMIT), _whole(lines[start:end]),
-             cut("".join(lines[end:summary]), REST_LIMIT),
-             cut("".join(lines[summary:]), SUMMARY_LIMIT)]
+    parts = [
+        cut("".join(lines[:start]), BEFORE_LIMIT),
+        _whole(lines[start:end]),
+        cut("".join(lines[end:summary]), REST_LIMIT),
+        cut("".join(lines[summary:]), SUMMARY_LIMIT),
+    ]
     return "".join(parts), node
 
 
@@ -80,8 +83,9 @@ def _rule(line: str) -> re.Match | None:
     return rule if rule and (rule.group(1) in ENDS or COUNTS.match(rule.group(1))) else None
 
 
-def _first(sections: dict[str, tuple[int, int]],
-           failed: list[str]) -> tuple[str | None, tuple[int, int]]:
+def _first(
+    sections: dict[str, tuple[int, int]], failed: list[str]
+) -> tuple[str | None, tuple[int, int]]:
     for node in failed:
         for header in _headers(node):
             if header in sections:
@@ -118,4 +122,5 @@ def _whole(section: list[str]) -> str:
     parts.append(current)
     traceback, *captured = parts
     return "".join(traceback) + "".join(
-        part[0] + cut("".join(part[1:]), CAPTURED_LIMIT) for part in captured)
+        part[0] + cut("".join(part[1:]), CAPTURED_LIMIT) for part in captured
+    )

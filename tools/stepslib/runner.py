@@ -29,8 +29,11 @@ NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?")
 
 
 def fixed_env(python_path: Path, gpu: bool = False) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "PYTEST", "TRITON_", "OMP_", "MKL_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "PYTEST", "TRITON_", "OMP_", "MKL_"))
+    }
     env.update(
         PYTHONPATH=str(python_path),
         PYTHONHASHSEED="0",
@@ -94,8 +97,9 @@ def server_env() -> dict[str, str]:
     return env
 
 
-def python(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
-           warm: WarmPython | None = None) -> subprocess.CompletedProcess:
+def python(
+    argv: list[str], cwd: Path, env: dict[str, str], timeout: float, warm: WarmPython | None = None
+) -> subprocess.CompletedProcess:
     """`python ARGV` in `cwd`, its output captured: forked from `warm` when it is given and up
     (a GPU job never is: its environment differs), else a new process."""
     if warm is not None and warm.usable():
@@ -103,33 +107,54 @@ def python(argv: list[str], cwd: Path, env: dict[str, str], timeout: float,
             return warm.run([sys.executable, *argv], cwd, env, timeout)
         except WarmGone:
             pass
-    return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
-def run_main(tree: Path, main: str, python_path: Path, gpu: bool = False,
-             warm: WarmPython | None = None) -> Outcome:
+def run_main(
+    tree: Path, main: str, python_path: Path, gpu: bool = False, warm: WarmPython | None = None
+) -> Outcome:
     try:
-        done = python([main], tree, fixed_env(python_path, gpu), MAIN_TIMEOUT,
-                      None if gpu else warm)
+        done = python(
+            [main], tree, fixed_env(python_path, gpu), MAIN_TIMEOUT, None if gpu else warm
+        )
     except subprocess.TimeoutExpired:
         return Outcome(False, "", f"{main} ran longer than {MAIN_TIMEOUT} s")
     if done.returncode != 0:
-        return Outcome(False, done.stdout, f"{main} exited with {done.returncode}:\n"
-                                           f"{cut(done.stderr, 4000)}")
+        return Outcome(
+            False, done.stdout, f"{main} exited with {done.returncode}:\n{cut(done.stderr, 4000)}"
+        )
     return Outcome(True, done.stdout)
 
 
-def run_tests(tree: Path, tests: list[str], python_path: Path, gpu: bool = False,
-              warm: WarmPython | None = None) -> Outcome:
+def run_tests(
+    tree: Path,
+    tests: list[str],
+    python_path: Path,
+    gpu: bool = False,
+    warm: WarmPython | None = None,
+) -> Outcome:
     report = tree / ".steps-junit.xml"
     # A warm server has imported anyio (transformers does), which pytest would warn it cannot
     # rewrite as a plugin: a warning a new process never shows.
-    command = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", ".",
-               "-W", "ignore::pytest.PytestAssertRewriteWarning", f"--junitxml={report}", *tests]
+    command = [
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        ".",
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
+        f"--junitxml={report}",
+        *tests,
+    ]
     try:
-        done = python(command, tree, fixed_env(python_path, gpu), TESTS_TIMEOUT,
-                      None if gpu else warm)
+        done = python(
+            command, tree, fixed_env(python_path, gpu), TESTS_TIMEOUT, None if gpu else warm
+        )
     except subprocess.TimeoutExpired:
         return Outcome(False, "", f"the tests ran longer than {TESTS_TIMEOUT} s")
     results = _junit_results(report, tree)
@@ -204,15 +229,21 @@ def same_prints(recorded: str, printed: str, tolerance: float | None) -> bool:
 def lines_differing(recorded: str, printed: str) -> str:
     """`2 lines differ`: the recorded lines not printed, or the printed ones not recorded."""
     a, b = recorded.splitlines(), printed.splitlines()
-    matched = sum(block.size for block in
-                  difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks())
+    matched = sum(
+        block.size
+        for block in difflib.SequenceMatcher(None, a, b, autojunk=False).get_matching_blocks()
+    )
     differing = max(len(a), len(b)) - matched
     return "1 line differs" if differing == 1 else f"{differing:,} lines differ"
 
 
-def prints_diff(recorded: str, printed: str, name: str,
-                labels: tuple[str, str] = ("recorded", "printed now")) -> str:
-    lines = difflib.unified_diff(recorded.splitlines(keepends=True),
-                                 printed.splitlines(keepends=True),
-                                 f"{name} ({labels[0]})", f"{name} ({labels[1]})")
+def prints_diff(
+    recorded: str, printed: str, name: str, labels: tuple[str, str] = ("recorded", "printed now")
+) -> str:
+    lines = difflib.unified_diff(
+        recorded.splitlines(keepends=True),
+        printed.splitlines(keepends=True),
+        f"{name} ({labels[0]})",
+        f"{name} ({labels[1]})",
+    )
     return "".join(line if line.endswith("\n") else line + "\n" for line in lines)

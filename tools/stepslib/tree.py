@@ -15,8 +15,11 @@ from pathlib import Path
 
 from .book import Book, Chapter
 
-MARKS = {"new": "← new in this chapter", "modified": "← modified in this chapter",
-         "early": "← brought in early"}
+MARKS = {
+    "new": "← new in this chapter",
+    "modified": "← modified in this chapter",
+    "early": "← brought in early",
+}
 
 
 def package_files(book: Book, chapter: Chapter) -> list[str]:
@@ -72,13 +75,16 @@ def listing(book: Book, chapter: Chapter) -> str:
     files = package_files(book, chapter)
     marks = changes(book, chapter)
     counts = [sum(kind == k for kind in marks.values()) for k in ("new", "modified", "early")]
-    lines = [f"Files so far: {len(files)} ({counts[0]} new, {counts[1]} modified, "
-             f"{counts[2]} brought in early)", ""]
+    lines = [
+        f"Files so far: {len(files)} ({counts[0]} new, {counts[1]} modified, "
+        f"{counts[2]} brought in early)",
+        "",
+    ]
     tops = list(dict.fromkeys(p.split("/")[0] for p in files))
     for top in tops:
         lines.append(f"{top}/")
-        inside = [p[len(top) + 1:] for p in files if p.startswith(top + "/")]
-        lines += _folder(inside, {p[len(top) + 1:]: m for p, m in marks.items()}, "")
+        inside = [p[len(top) + 1 :] for p in files if p.startswith(top + "/")]
+        lines += _folder(inside, {p[len(top) + 1 :]: m for p, m in marks.items()}, "")
     return "\n".join(lines) + "\n"
 
 
@@ -90,8 +96,8 @@ def _folder(files: list[str], marks: dict[str, str], indent: str) -> list[str]:
             mark = f"  {MARKS[marks[path]]}" if path in marks else ""
             lines.append(f"{indent}├── {path}{mark}")
     for sub in sorted({p.split("/")[0] for p in files if "/" in p}):
-        inside = [p[len(sub) + 1:] for p in files if p.startswith(sub + "/")]
-        sub_marks = {p[len(sub) + 1:]: m for p, m in marks.items() if p.startswith(sub + "/")}
+        inside = [p[len(sub) + 1 :] for p in files if p.startswith(sub + "/")]
+        sub_marks = {p[len(sub) + 1 :]: m for p, m in marks.items() if p.startswith(sub + "/")}
         if sub_marks:
             lines.append(f"{indent}├── {sub}/")
             lines += _folder(inside, sub_marks, indent + "│   ")
@@ -111,10 +117,15 @@ def diff(book: Book, chapter: Chapter) -> str:
         a = _read_lines(old.get(path))
         b = _read_lines(new.get(path))
         if a != b:
-            out += difflib.unified_diff(a, b, f"a/{path}" if path in old else "/dev/null",
-                                        f"b/{path}" if path in new else "/dev/null")
-    return "".join(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n"
-                   for line in out)
+            out += difflib.unified_diff(
+                a,
+                b,
+                f"a/{path}" if path in old else "/dev/null",
+                f"b/{path}" if path in new else "/dev/null",
+            )
+    return "".join(
+        line if line.endswith("\n") else line + "\n\\ No newline at end of file\n" for line in out
+    )
 
 
 def _read_lines(source: Path | None) -> list[str]:

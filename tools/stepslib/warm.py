@@ -157,6 +157,7 @@ def _become(job: dict, fds: list[int]) -> None:
     os.environ.update(job["env"])
     signal.signal(signal.SIGINT, signal.default_int_handler)
     import random
+
     random.seed()  # a fresh process draws fresh seeds; a fork would share the server's
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
@@ -166,6 +167,7 @@ def _run(argv: list[str]) -> None:
     """`argv` as Python's command line after the interpreter: `SCRIPT ...`, `-m MODULE ...` or
     `-c CODE ...`."""
     import runpy
+
     try:
         if argv[0] == "-m":
             _set_path(os.getcwd())
@@ -185,8 +187,10 @@ def _run(argv: list[str]) -> None:
         raise
     except BaseException as error:  # shown as Python shows it: from the job's first frame on
         tb = error.__traceback__
-        while tb is not None and (tb.tb_frame.f_code.co_filename == __file__
-                                  or tb.tb_frame.f_globals.get("__name__") == "runpy"):
+        while tb is not None and (
+            tb.tb_frame.f_code.co_filename == __file__
+            or tb.tb_frame.f_globals.get("__name__") == "runpy"
+        ):
             tb = tb.tb_next
         traceback.print_exception(type(error), error, tb)
         raise SystemExit(1) from None
@@ -195,8 +199,9 @@ def _run(argv: list[str]) -> None:
 
 def _set_path(first: str) -> None:
     """sys.path as a new process builds it: `first`, PYTHONPATH's entries, the interpreter's."""
-    python_path = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                   if p]
+    python_path = [
+        os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p
+    ]
     sys.path[:] = [first, *python_path, *BASE_PATH]
     sys.path_importer_cache.clear()
     importlib.invalidate_caches()
@@ -228,9 +233,14 @@ class WarmPython:
     def __init__(self, env: dict[str, str], preload: tuple[str, ...]):
         self.folder = tempfile.TemporaryDirectory(prefix="steps-warm-")
         self.path = str(Path(self.folder.name) / "socket")
-        self.server = subprocess.Popen([sys.executable, __file__, self.path, *preload], env=env,
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                       stderr=subprocess.DEVNULL, text=True)
+        self.server = subprocess.Popen(
+            [sys.executable, __file__, self.path, *preload],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         self.ready: bool | None = None  # None until the server's first line is read
         self.lock = threading.Lock()  # the jobs of several threads wait for that line once
 
@@ -242,14 +252,22 @@ class WarmPython:
                 self.ready = bool(ready) and self.server.stdout.readline().strip() == "ready"
             return self.ready
 
-    def run(self, argv: list[str], cwd: Path, env: dict[str, str],
-            timeout: float) -> subprocess.CompletedProcess:
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-                socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+    def run(
+        self, argv: list[str], cwd: Path, env: dict[str, str], timeout: float
+    ) -> subprocess.CompletedProcess:
+        with (
+            tempfile.TemporaryFile() as out,
+            tempfile.TemporaryFile() as err,
+            socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection,
+        ):
             replies = connection.makefile("r")
             try:
-                pid = self._send({"argv": argv, "cwd": str(cwd), "env": env}, connection,
-                                 replies, [out.fileno(), err.fileno()])
+                pid = self._send(
+                    {"argv": argv, "cwd": str(cwd), "env": env},
+                    connection,
+                    replies,
+                    [out.fileno(), err.fileno()],
+                )
             except (OSError, ValueError, KeyError) as e:
                 self.ready = False
                 raise WarmGone(f"the warm server did not take the job: {e}") from e

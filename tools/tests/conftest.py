@@ -16,13 +16,17 @@ def book(tmp_path: Path) -> Path:
 
 def snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root and its bytes, to show that a command wrote nothing."""
-    return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(root).as_posix(): p.read_bytes()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
 def unchanged():
     """Assert that a block leaves a folder exactly as it was."""
+
     class Guard:
         def __init__(self, root: Path):
             self.root, self.before = root, snapshot(root)

@@ -38,41 +38,67 @@ def test_yaml_syntax_error_names_the_line(book, unchanged):
 
 
 def test_unknown_key_names_its_line(book, unchanged):
-    text = (book / "steps.yaml").read_text().replace("    slug: count\n",
-                                                     "    slug: count\n    slag: x\n")
+    text = (
+        (book / "steps.yaml")
+        .read_text()
+        .replace("    slug: count\n", "    slug: count\n    slag: x\n")
+    )
     (book / "steps.yaml").write_text(text)
     number = text.splitlines().index("    slag: x") + 1
-    assert _refused(book, unchanged, "list") == \
-        f"steps.py: error: steps.yaml:{number}: unknown key 'slag' in a chapter"
+    assert (
+        _refused(book, unchanged, "list")
+        == f"steps.py: error: steps.yaml:{number}: unknown key 'slag' in a chapter"
+    )
 
 
 def test_duplicate_key(book, unchanged):
-    text = (book / "steps.yaml").read_text().replace("    slug: count\n",
-                                                     "    slug: count\n    slug: again\n")
+    text = (
+        (book / "steps.yaml")
+        .read_text()
+        .replace("    slug: count\n", "    slug: count\n    slug: again\n")
+    )
     (book / "steps.yaml").write_text(text)
     assert "key 'slug' appears twice" in _refused(book, unchanged, "list")
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: _chapter(d, "ch02").pop("main"), "missing key 'main'"),
-    (lambda d: _chapter(d, "ch02").update(main="examples/nope.py"),
-     "ch02: examples/nope.py does not exist"),
-    (lambda d: _chapter(d, "ch02").update(tests=["tests/nope.py"]),
-     "ch02: tests/nope.py does not exist"),
-    (lambda d: _chapter(d, "ch03").update(new=["toy/count.py", "toy/greet.py"]),
-     "toy/greet.py is claimed twice: new in ch01 and ch03"),
-    (lambda d: _chapter(d, "ch01").update(modified=["toy/shout.py"]),
-     "ch01 modifies toy/shout.py, which no earlier chapter adds"),
-    (lambda d: _chapter(d, "ch02").update(early=["toy/nothing.py"]),
-     "ch02 brings in toy/nothing.py early, but no chapter adds it"),
-    (lambda d: _chapter(d, "ch02").update(early=["toy/greet.py"]),
-     "ch02 brings in toy/greet.py early, but ch01 adds it already"),
-    (lambda d: _chapter(d, "ch03").update(id="ch02"), "chapter id ch02 is used twice"),
-    (lambda d: _chapter(d, "ch03").update(id="ch01x"), "is not of the form ch01"),
-    (lambda d: _chapter(d, "ch03").update(requires="tpu"), "requires must be cpu or gpu"),
-    (lambda d: _chapter(d, "ch03").update(new="toy/count.py"), "'new' has the wrong type"),
-    (lambda d: d.update(support=["tests/gone.py"]), "support file tests/gone.py does not exist"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda d: _chapter(d, "ch02").pop("main"), "missing key 'main'"),
+        (
+            lambda d: _chapter(d, "ch02").update(main="examples/nope.py"),
+            "ch02: examples/nope.py does not exist",
+        ),
+        (
+            lambda d: _chapter(d, "ch02").update(tests=["tests/nope.py"]),
+            "ch02: tests/nope.py does not exist",
+        ),
+        (
+            lambda d: _chapter(d, "ch03").update(new=["toy/count.py", "toy/greet.py"]),
+            "toy/greet.py is claimed twice: new in ch01 and ch03",
+        ),
+        (
+            lambda d: _chapter(d, "ch01").update(modified=["toy/shout.py"]),
+            "ch01 modifies toy/shout.py, which no earlier chapter adds",
+        ),
+        (
+            lambda d: _chapter(d, "ch02").update(early=["toy/nothing.py"]),
+            "ch02 brings in toy/nothing.py early, but no chapter adds it",
+        ),
+        (
+            lambda d: _chapter(d, "ch02").update(early=["toy/greet.py"]),
+            "ch02 brings in toy/greet.py early, but ch01 adds it already",
+        ),
+        (lambda d: _chapter(d, "ch03").update(id="ch02"), "chapter id ch02 is used twice"),
+        (lambda d: _chapter(d, "ch03").update(id="ch01x"), "is not of the form ch01"),
+        (lambda d: _chapter(d, "ch03").update(requires="tpu"), "requires must be cpu or gpu"),
+        (lambda d: _chapter(d, "ch03").update(new="toy/count.py"), "'new' has the wrong type"),
+        (
+            lambda d: d.update(support=["tests/gone.py"]),
+            "support file tests/gone.py does not exist",
+        ),
+    ],
+)
 def test_inconsistent_book(book, unchanged, edit, message):
     data = _yaml(book)
     edit(data)
@@ -98,8 +124,9 @@ def test_a_missing_superseded_version(book, unchanged):
 
 def test_a_missing_newest_version(book, unchanged):
     (book / "python/toy/shout.py").unlink()
-    assert "the newest version of toy/shout.py from ch02 is missing" in \
-        _refused(book, unchanged, "list")
+    assert "the newest version of toy/shout.py from ch02 is missing" in _refused(
+        book, unchanged, "list"
+    )
 
 
 def test_an_orphaned_stored_version(book, unchanged):
@@ -111,19 +138,23 @@ def test_an_orphaned_stored_version(book, unchanged):
 
 def test_a_package_file_no_chapter_adds(book, unchanged):
     write_files(book, {"python/toy/stray.py": "\n"})
-    assert "python/toy/stray.py: no chapter of steps.yaml writes this file" in \
-        _refused(book, unchanged, "list")
+    assert "python/toy/stray.py: no chapter of steps.yaml writes this file" in _refused(
+        book, unchanged, "list"
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (("tree", "9"), "no chapter 9 in the book (chapters: ch01, ch02, ch03)"),
-    (("tree", "chapter-two"), "not a chapter or a range"),
-    (("check", "3-1"), "the range '3-1' runs backwards"),
-    (("check", "1,7"), "no chapter 7"),
-    (("tree", "1-3"), "name one chapter"),
-    (("frobnicate",), "invalid choice: 'frobnicate'"),
-    (("tree",), "the following arguments are required: chapter"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("tree", "9"), "no chapter 9 in the book (chapters: ch01, ch02, ch03)"),
+        (("tree", "chapter-two"), "not a chapter or a range"),
+        (("check", "3-1"), "the range '3-1' runs backwards"),
+        (("check", "1,7"), "no chapter 7"),
+        (("tree", "1-3"), "name one chapter"),
+        (("frobnicate",), "invalid choice: 'frobnicate'"),
+        (("tree",), "the following arguments are required: chapter"),
+    ],
+)
 def test_bad_command_lines(book, unchanged, args, message):
     assert message in _refused(book, unchanged, *args)
 

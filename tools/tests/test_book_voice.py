@@ -32,7 +32,7 @@ MAKING: dict[str, str] = {
     # "the page" as the text a chapter follows. The KV cache's pages are another matter: the page
     # table, the page size, the page allocator, the page of positions 48..51, the page and ...
     "the page": r"\bthe\s+page\b"
-                r"(?!-table|\s+(?:tables?|table's|sizes?|allocator|boundary|of|and)\b)",
+    r"(?!-table|\s+(?:tables?|table's|sizes?|allocator|boundary|of|and)\b)",
     "a chapter's page": r"\bchapter[- ]?\d+\s+page\b",
     "the project's machine": r"\b(?:the|this)\s+project's\b|\bVM\b",
     "the code as it once was": r"\bonce\s+held\b|\bfirst\s+kept\b",
@@ -43,19 +43,29 @@ PATTERNS = {name: re.compile(pattern, re.IGNORECASE) for name, pattern in MAKING
 @dataclass(frozen=True)
 class Allowed:
     """A phrase in one text that uses one of the words above in its ordinary sense."""
+
     path: str
     phrase: str  # a regular expression that covers the hit
     why: str
 
 
 ALLOWED = [
-    Allowed("README.md", r'"Report an\s+issue"',
-            "the website's link by which a reader reports a problem in the book's repository"),
-    Allowed("chapters/ch18_overlap/README.md", r"Its issues and pull requests on overlap",
-            "upstream's GitHub issues, cited for the bugs they record"),
-    Allowed("chapters/ch14_shell/README.md", r"\bsessions?\b",
-            "a session of the interactive shell (prompt_toolkit's PromptSession), the chapter's "
-            "subject"),
+    Allowed(
+        "README.md",
+        r'"Report an\s+issue"',
+        "the website's link by which a reader reports a problem in the book's repository",
+    ),
+    Allowed(
+        "chapters/ch18_overlap/README.md",
+        r"Its issues and pull requests on overlap",
+        "upstream's GitHub issues, cited for the bugs they record",
+    ),
+    Allowed(
+        "chapters/ch14_shell/README.md",
+        r"\bsessions?\b",
+        "a session of the interactive shell (prompt_toolkit's PromptSession), the chapter's "
+        "subject",
+    ),
 ]
 
 
@@ -68,8 +78,12 @@ def texts() -> dict[str, str]:
     paths += sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("practice/*/README.md"))
     found = {path: (ROOT / path).read_text() for path in paths}
     titles = [stage["title"] for stage in book["stages"]] + [c["title"] for c in chapters]
-    titles += [m.group(1) for p in sorted(ROOT.glob("practice/*/exercise.toml"))
-               for m in [re.search(r'^title = "(.*)"$', p.read_text(), re.MULTILINE)] if m]
+    titles += [
+        m.group(1)
+        for p in sorted(ROOT.glob("practice/*/exercise.toml"))
+        for m in [re.search(r'^title = "(.*)"$', p.read_text(), re.MULTILINE)]
+        if m
+    ]
     found["the site's titles (stages, chapters, exercises)"] = "\n".join(titles)
     return found
 
@@ -83,14 +97,17 @@ def hits(text: str, allowed: list[Allowed] = ()) -> list[str]:
             if any(start <= m.start() and m.end() <= end for start, end in covered):
                 continue
             found.append((m.start(), name, m.group(0)))
-    return [f"line {text.count(chr(10), 0, at) + 1}, {name}: {word!r}"
-            for at, name, word in sorted(found)]
+    return [
+        f"line {text.count(chr(10), 0, at) + 1}, {name}: {word!r}"
+        for at, name, word in sorted(found)
+    ]
 
 
 def unnamed_stages(text: str, count: int) -> list[int]:
     """The stages 1..count that a text never names as 'stage N'."""
-    return [n for n in range(1, count + 1)
-            if not re.search(rf"\bstage\s+{n}\b", text, re.IGNORECASE)]
+    return [
+        n for n in range(1, count + 1) if not re.search(rf"\bstage\s+{n}\b", text, re.IGNORECASE)
+    ]
 
 
 def rendered_chapters() -> dict[str, str]:
@@ -120,10 +137,15 @@ def rendered() -> dict[str, str]:
     return rendered_chapters()
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=SHOWN_CODE_TO_FIX[path]))
-    if path in SHOWN_CODE_TO_FIX else path
-    for path in sorted(p for p in TEXTS if p.startswith("chapters/"))])
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param(path, marks=pytest.mark.xfail(strict=True, reason=SHOWN_CODE_TO_FIX[path]))
+        if path in SHOWN_CODE_TO_FIX
+        else path
+        for path in sorted(p for p in TEXTS if p.startswith("chapters/"))
+    ],
+)
 def test_no_code_a_chapter_shows_speaks_of_the_making(path: str, rendered: dict[str, str]):
     allowed = [a for a in ALLOWED if a.path == path]
     found = hits(rendered[path], allowed)

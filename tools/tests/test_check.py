@@ -27,7 +27,8 @@ def test_a_correct_book_passes_and_is_then_cached(book):
 def test_editing_one_file_reruns_only_the_chapters_that_depend_on_it(book):
     assert steps(book, "check").returncode == 0
     (book / "chapters/ch01_greet/python/toy/greet.py").write_text(
-        'def greet(name: str) -> str:\n    return "hello " + name  # edited\n')
+        'def greet(name: str) -> str:\n    return "hello " + name  # edited\n'
+    )
     rows = {line.split()[0]: line for line in steps(book, "check").stdout.splitlines()[2:5]}
     assert "(cached)" not in rows["ch01"]
     assert "(cached)" in rows["ch02"] and "(cached)" in rows["ch03"]
@@ -47,8 +48,10 @@ def test_a_changed_print_fails_with_a_diff(book):
 
 
 def test_a_failing_test_fails_with_its_output(book):
-    write_files(book, {"tests/test_ch03_count.py":
-                       "def test_wrong():\n    assert 1 + 1 == 3, 'arithmetic'\n"})
+    write_files(
+        book,
+        {"tests/test_ch03_count.py": "def test_wrong():\n    assert 1 + 1 == 3, 'arithmetic'\n"},
+    )
     done = steps(book, "check", "3")
     assert done.returncode == 1
     assert "1 failed" in done.stdout and "arithmetic" in done.stdout
@@ -62,31 +65,48 @@ def test_a_tests_file_that_collects_nothing_is_a_failure(book):
 
 
 def test_a_broken_import_is_reported_where_it_is(book):
-    write_files(book, {"python/toy/shout.py":
-                       "from toy.greet import greeting\n\n\ndef shout(name):\n"
-                       "    from toy.missing import thing\n    return name\n"})
+    write_files(
+        book,
+        {
+            "python/toy/shout.py": "from toy.greet import greeting\n\n\ndef shout(name):\n"
+            "    from toy.missing import thing\n    return name\n"
+        },
+    )
     done = steps(book, "check", "2", "--static")
     assert done.returncode == 1
-    assert "python/toy/shout.py:1: `from toy.greet import greeting`: toy.greet has no name " \
-           "'greeting'" in done.stdout
-    assert "python/toy/shout.py:5: `from toy.missing import thing`: no module toy.missing" \
+    assert (
+        "python/toy/shout.py:1: `from toy.greet import greeting`: toy.greet has no name "
+        "'greeting'" in done.stdout
+    )
+    assert (
+        "python/toy/shout.py:5: `from toy.missing import thing`: no module toy.missing"
         in done.stdout
+    )
 
 
 def test_a_main_may_not_import_a_later_chapters_module(book):
-    write_files(book, {"examples/ch01_greet.py":
-                       "from toy.greet import greet\nfrom toy.shout import shout\n"})
+    write_files(
+        book,
+        {"examples/ch01_greet.py": "from toy.greet import greet\nfrom toy.shout import shout\n"},
+    )
     done = steps(book, "check", "1", "--static")
     assert done.returncode == 1
-    assert "examples/ch01_greet.py:2: `from toy.shout import shout`: no module toy.shout" \
+    assert (
+        "examples/ch01_greet.py:2: `from toy.shout import shout`: no module toy.shout"
         in done.stdout
+    )
 
 
 def test_a_marked_forward_reference_is_allowed_until_its_chapter_and_listed(book):
     greet = (book / "chapters/ch01_greet/python/toy/greet.py").read_text()
-    write_files(book, {"chapters/ch01_greet/python/toy/greet.py": greet +
-                       "\n\ndef later():\n    from toy.shout import shout  "
-                       "# forward reference: ch02\n    return shout\n"})
+    write_files(
+        book,
+        {
+            "chapters/ch01_greet/python/toy/greet.py": greet
+            + "\n\ndef later():\n    from toy.shout import shout  "
+            "# forward reference: ch02\n    return shout\n"
+        },
+    )
     done = steps(book, "check", "1", "--static")
     assert done.returncode == 0, done.stdout
     assert "forward references" in done.stdout
@@ -95,23 +115,30 @@ def test_a_marked_forward_reference_is_allowed_until_its_chapter_and_listed(book
 
 def test_a_forward_reference_must_resolve_from_its_chapter_on(book):
     shout = (book / "python/toy/shout.py").read_text()
-    write_files(book, {"python/toy/shout.py": shout +
-                       "\n\ndef later():\n"
-                       "    from toy.nothing import x  # forward reference: ch02\n"})
+    write_files(
+        book,
+        {
+            "python/toy/shout.py": shout + "\n\ndef later():\n"
+            "    from toy.nothing import x  # forward reference: ch02\n"
+        },
+    )
     done = steps(book, "check", "2", "--static")
     assert done.returncode == 1
     assert "no module toy.nothing" in done.stdout
 
 
 def test_an_unresolved_text_reference_fails(book):
-    write_files(book, {"chapters/ch01_greet/README.md":
-                       "# Greet\n\n@[code](toy/greet.py · nothing)\n\n@[code](toy/shout.py)\n"
-                       "\n@[bogus]\n"})
+    write_files(
+        book,
+        {
+            "chapters/ch01_greet/README.md": "# Greet\n\n@[code](toy/greet.py · nothing)\n\n"
+            "@[code](toy/shout.py)\n\n@[bogus]\n"
+        },
+    )
     done = steps(book, "check", "1", "--static")
     assert done.returncode == 1
     assert "chapters/ch01_greet/README.md:3: toy/greet.py has no nothing" in done.stdout
-    assert "chapters/ch01_greet/README.md:5: toy/shout.py is not in the tree at ch01" \
-        in done.stdout
+    assert "chapters/ch01_greet/README.md:5: toy/shout.py is not in the tree at ch01" in done.stdout
     assert "README.md:7: unknown directive @[bogus]" in done.stdout
 
 
@@ -159,9 +186,14 @@ def test_no_skip_fails_a_cpu_chapter_whose_needs_are_missing(book):
 
 
 def test_a_tolerance_compares_numbers_within_it(book):
-    write_files(book, {"examples/ch03_count.py": "print(f'max error {2.4e-07:.1e}')\n",
-                       "chapters/ch03_count/main.out": "max error 3.1e-07\n",
-                       "chapters/ch03_count/README.md": "# Count\n"})
+    write_files(
+        book,
+        {
+            "examples/ch03_count.py": "print(f'max error {2.4e-07:.1e}')\n",
+            "chapters/ch03_count/main.out": "max error 3.1e-07\n",
+            "chapters/ch03_count/README.md": "# Count\n",
+        },
+    )
     assert steps(book, "check", "3").returncode == 1
     _set(book, "ch03", tolerance=1.0e-6)
     assert steps(book, "check", "3").returncode == 0
@@ -172,8 +204,13 @@ def test_a_tolerance_compares_numbers_within_it(book):
 
 
 def test_junit_report(book, tmp_path):
-    write_files(book, {"tests/test_ch03_count.py": "def test_a():\n    pass\n\n\n"
-                       "def test_b():\n    assert False\n"})
+    write_files(
+        book,
+        {
+            "tests/test_ch03_count.py": "def test_a():\n    pass\n\n\n"
+            "def test_b():\n    assert False\n"
+        },
+    )
     report = tmp_path / "out/junit.xml"
     assert steps(book, "check", "--junit", str(report)).returncode == 1
     suites = ET.parse(report).getroot()

@@ -13,8 +13,16 @@ def test_list_has_a_row_per_chapter(book):
     done = steps(book, "list")
     assert done.returncode == 0
     lines = done.stdout.splitlines()
-    assert lines[0].split() == ["stage", "id", "title", "files", "new", "modified", "early",
-                                "requires"]
+    assert lines[0].split() == [
+        "stage",
+        "id",
+        "title",
+        "files",
+        "new",
+        "modified",
+        "early",
+        "requires",
+    ]
     assert lines[2].split() == ["Stage", "1", "ch02", "Chapter", "2", "4", "1", "1", "1", "cpu"]
     assert len(lines) == 4
 
@@ -46,8 +54,9 @@ def test_checkout_writes_each_chapters_versions(book, tmp_path):
     assert (two / "examples/ch01_greet.py").exists()
     assert not (two / "examples/ch03_count.py").exists()
     env = dict(os.environ, PYTHONPATH=str(two / "python"))
-    ran = subprocess.run([sys.executable, "examples/ch02_shout.py"], cwd=two, env=env,
-                         capture_output=True, text=True)
+    ran = subprocess.run(
+        [sys.executable, "examples/ch02_shout.py"], cwd=two, env=env, capture_output=True, text=True
+    )
     assert ran.stdout == "HELLO, WORLD!\n3\n"
 
 
@@ -87,10 +96,18 @@ def test_checkout_git_has_a_commit_and_tag_per_chapter(book, tmp_path):
     repo = git.Repo(dest)
     assert sorted(t.name for t in repo.tags) == ["ch01", "ch02", "ch03"]
     assert [c.message.strip() for c in repo.iter_commits()] == [
-        "ch03: Chapter 3", "ch02: Chapter 2", "ch01: Chapter 1"]
+        "ch03: Chapter 3",
+        "ch02: Chapter 2",
+        "ch01: Chapter 1",
+    ]
     changed = repo.git.diff("ch01", "ch02", "--name-only").split()
-    assert changed == ["examples/ch02_shout.py", "python/toy/count.py", "python/toy/greet.py",
-                       "python/toy/shout.py", "tests/test_ch02_shout.py"]
+    assert changed == [
+        "examples/ch02_shout.py",
+        "python/toy/count.py",
+        "python/toy/greet.py",
+        "python/toy/shout.py",
+        "tests/test_ch02_shout.py",
+    ]
     # `git diff ch01 ch02` is exactly the tool's diff of chapter 2
     ours = steps(book, "diff", "2").stdout
     for path in changed:
@@ -124,7 +141,8 @@ def test_run_against_a_learners_tree(book, tmp_path):
     learner = tmp_path / "learner"
     assert steps(book, "checkout", "2", str(learner)).returncode == 0
     (learner / "python/toy/shout.py").write_text(
-        "def shout(name):\n    return 'HEY ' + name.upper()\n")
+        "def shout(name):\n    return 'HEY ' + name.upper()\n"
+    )
     done = steps(book, "run", "2", "--against", str(learner))
     assert done.stdout.startswith("HEY WORLD\n3\n\n── 1 line differs")  # then the verdict
     assert done.returncode == 1
@@ -132,7 +150,8 @@ def test_run_against_a_learners_tree(book, tmp_path):
 
 def test_record_rewrites_the_prints_and_shows_the_diff(book):
     (book / "examples/ch03_count.py").write_text(
-        "from toy.count import count\n\nprint(count('one two three'))\n")
+        "from toy.count import count\n\nprint(count('one two three'))\n"
+    )
     done = steps(book, "record", "3")
     assert done.returncode == 0
     assert "-2\n+3\n" in done.stdout
@@ -153,14 +172,25 @@ def test_record_keeps_the_prints_when_the_main_fails(book, unchanged):
 def test_matrix_lists_every_chapter(book):
     matrix = json.loads(steps(book, "matrix").stdout)
     assert [(e["chapter"], e["requires"]) for e in matrix["include"]] == [
-        ("ch01", "cpu"), ("ch02", "cpu"), ("ch03", "cpu")]
+        ("ch01", "cpu"),
+        ("ch02", "cpu"),
+        ("ch03", "cpu"),
+    ]
 
 
 def test_matrix_changed_since_lists_only_the_affected_chapters(book):
     repo = git.Repo.init(book)
     repo.git.add("--all")
-    repo.git.commit("-qm", "book", env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
-                                         "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"})
+    repo.git.commit(
+        "-qm",
+        "book",
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@t",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@t",
+        },
+    )
 
     def affected() -> list[str]:
         done = steps(book, "matrix", "--changed-since", "HEAD")
@@ -190,7 +220,11 @@ def test_render_expands_directives_from_the_chapters_own_version(book, tmp_path)
     done = steps(book, "render", "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in out.iterdir()) == [
-        "ch01_greet.md", "ch02_shout.md", "ch03_count.md", "index.md"]
+        "ch01_greet.md",
+        "ch02_shout.md",
+        "ch03_count.md",
+        "index.md",
+    ]
     one = (out / "ch01_greet.md").read_text()
     assert "**`toy/greet.py · greet`**\n\n```python\ndef greet" in one
     assert '"hello " + name' in one  # chapter 1's version, not the newest

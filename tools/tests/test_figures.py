@@ -32,17 +32,24 @@ def test_every_figure_file_is_one_that_figures_py_draws():
     sys.path.insert(0, str(ROOT / "tools"))
     import figures
 
-    registered = {f"{chapter}/figures/{name}.svg"
-                  for chapter, entries in figures.FIGURES.items() for name, _ in entries}
+    registered = {
+        f"{chapter}/figures/{name}.svg"
+        for chapter, entries in figures.FIGURES.items()
+        for name, _ in entries
+    }
     files = {f"{c.name[:4]}/{f}" for c in CHAPTERS for f in drawn(c)}
     assert files == registered
 
 
 def test_render_copies_the_figures_beside_the_page_and_points_the_links_there(book, tmp_path):
     text = (book / "chapters/ch01_greet/README.md").read_text()
-    write_files(book, {
-        "chapters/ch01_greet/figures/flow.svg": "<svg/>",
-        "chapters/ch01_greet/README.md": text + "\n![The flow](figures/flow.svg)\n"})
+    write_files(
+        book,
+        {
+            "chapters/ch01_greet/figures/flow.svg": "<svg/>",
+            "chapters/ch01_greet/README.md": text + "\n![The flow](figures/flow.svg)\n",
+        },
+    )
     out = tmp_path / "pages"
     done = steps(book, "render", "--out", str(out))
     assert done.returncode == 0, done.stderr

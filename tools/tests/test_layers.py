@@ -32,17 +32,21 @@ def test_an_import_up_the_layers_fails_naming_file_and_line(book):
     _layered(book, ["shout", ["greet", "count"]])
     done = _static(book)
     assert done.returncode == 1
-    assert "python/toy/shout.py:1: `from toy.greet import greet`: shout imports greet, which " \
-           "is above it in steps.yaml's layers" in done.stdout
+    assert (
+        "python/toy/shout.py:1: `from toy.greet import greet`: shout imports greet, which "
+        "is above it in steps.yaml's layers" in done.stdout
+    )
 
 
 def test_a_lazy_import_counts_and_a_type_only_one_does_not(book):
     _layered(book, [["greet", "count"], "shout"])
     greet = book / "python/toy/greet.py"
     original = greet.read_text(encoding="utf-8")
-    greet.write_text("from __future__ import annotations\n\nfrom typing import TYPE_CHECKING\n\n"
-                     "if TYPE_CHECKING:\n    from toy.shout import shout\n\n\n"
-                     + original, encoding="utf-8")
+    greet.write_text(
+        "from __future__ import annotations\n\nfrom typing import TYPE_CHECKING\n\n"
+        "if TYPE_CHECKING:\n    from toy.shout import shout\n\n\n" + original,
+        encoding="utf-8",
+    )
     assert _static(book).returncode == 0  # under TYPE_CHECKING: never runs
     lazy = "\n\ndef loud(name):\n    from toy.shout import shout\n\n    return shout(name)\n"
     greet.write_text(original + lazy, encoding="utf-8")
@@ -81,8 +85,12 @@ def _runtime_graph(package: Path) -> dict[str, set[str]]:
         here = parts[1]
         graph.setdefault(here, set())
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and ast.unparse(node.test).endswith("TYPE_CHECKING") for n in ast.walk(node)}
+        skipped = {
+            id(n)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+            for n in ast.walk(node)
+        }
         for node in ast.walk(tree):
             if id(node) in skipped or not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue

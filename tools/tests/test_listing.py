@@ -7,27 +7,27 @@ from bookmaker import steps, write_files, write_steps
 # The chapters' `new` lists of the book plan (shared/BOOK_PLAN.md), in order.
 PLAN = {
     1: "__init__ layers/__init__ layers/base layers/linear layers/embedding layers/norm "
-       "utils/__init__ utils/misc",
+    "utils/__init__ utils/misc",
     2: "layers/rotary layers/activation models/config models/base models/utils models/decoder "
-       "models/__init__ models/register utils/registry",
+    "models/__init__ models/register utils/registry",
     3: "models/weight utils/hf",
     4: "core engine/__init__ engine/sample",
     5: "kvcache/__init__ kvcache/base kvcache/mha_pool attention/__init__ attention/base "
-       "attention/utils attention/torch_backend layers/attention",
+    "attention/utils attention/torch_backend layers/attention",
     6: "engine/config engine/engine utils/torch_utils utils/logger",
     7: "scheduler/__init__ scheduler/config scheduler/scheduler scheduler/decode scheduler/table "
-       "scheduler/utils scheduler/cache kvcache/naive_cache",
+    "scheduler/utils scheduler/cache kvcache/naive_cache",
     8: "kvcache/radix_cache",
     9: "scheduler/prefill",
     10: "llm/__init__ llm/llm",
     11: "tokenizer/__init__ tokenizer/tokenize tokenizer/detokenize",
     12: "message/__init__ message/utils message/frontend message/backend message/tokenizer "
-        "utils/mp tokenizer/server scheduler/io",
+    "utils/mp tokenizer/server scheduler/io",
     13: "server/__init__ server/args server/launch server/api_server env __main__",
     14: "shell",
     15: "",
     16: "kernel/__init__ kernel/store kernel/attention attention/triton_backend attention/fa "
-        "utils/arch",
+    "utils/arch",
     17: "engine/graph",
     18: "",
     19: "distributed/__init__ distributed/info distributed/impl",
@@ -91,10 +91,15 @@ def plan_book(root: Path) -> Path:
         slug = f"step{number}"
         files[f"examples/ch{number:02d}_{slug}.py"] = "print('hi')\n"
         files[f"tests/test_ch{number:02d}_{slug}.py"] = "def test_ok():\n    pass\n"
-        entry = {"id": f"ch{number:02d}", "slug": slug, "title": f"Step {number}",
-                 "main": f"examples/ch{number:02d}_{slug}.py",
-                 "tests": [f"tests/test_ch{number:02d}_{slug}.py"], "new": new,
-                 "modified": modified}
+        entry = {
+            "id": f"ch{number:02d}",
+            "slug": slug,
+            "title": f"Step {number}",
+            "main": f"examples/ch{number:02d}_{slug}.py",
+            "tests": [f"tests/test_ch{number:02d}_{slug}.py"],
+            "new": new,
+            "modified": modified,
+        }
         chapters.append(entry)
     files["chapters/ch02_step2/python/minisgl/models/utils.py"] = "# the dense-only version\n"
     write_files(root, files)
@@ -135,7 +140,8 @@ def test_a_single_file_folder_says_file(tmp_path):
     root = plan_book(tmp_path)
     write_files(root, {"python/minisgl/extra/only.py": "\n"})
     text = (root / "steps.yaml").read_text()
-    (root / "steps.yaml").write_text(text.replace(
-        "- minisgl/shell.py", "- minisgl/shell.py\n    - minisgl/extra/only.py"))
+    (root / "steps.yaml").write_text(
+        text.replace("- minisgl/shell.py", "- minisgl/shell.py\n    - minisgl/extra/only.py")
+    )
     assert "├── extra/  (1 file, unchanged)" in steps(root, "tree", "20").stdout
     assert "│   ├── only.py  ← new in this chapter" in steps(root, "tree", "14").stdout

@@ -45,12 +45,23 @@ def kinds(mutants):
 def test_every_kind_of_mutant_is_made_where_it_should_be():
     mutants = mutate.mutants_of(SOURCE, "f.py")
     assert kinds(mutants) == {
-        (7, "3 -> 4"), (7, "3 -> 2"),  # the default
-        (9, "0 -> 1"), (9, "0 -> -1"), (9, "statement deleted"),
-        (10, "slice lower bound +1"), (10, "slice lower bound -1"),
-        (11, "< -> <="), (11, "and -> or"), (11, "not dropped"), (11, "== -> !="),
-        (11, "2 -> 3"), (11, "2 -> 1"),
-        (12, "+= -> -="), (12, "* -> //"), (12, "2 -> 3"), (12, "2 -> 1"),
+        (7, "3 -> 4"),
+        (7, "3 -> 2"),  # the default
+        (9, "0 -> 1"),
+        (9, "0 -> -1"),
+        (9, "statement deleted"),
+        (10, "slice lower bound +1"),
+        (10, "slice lower bound -1"),
+        (11, "< -> <="),
+        (11, "and -> or"),
+        (11, "not dropped"),
+        (11, "== -> !="),
+        (11, "2 -> 3"),
+        (11, "2 -> 1"),
+        (12, "+= -> -="),
+        (12, "* -> //"),
+        (12, "2 -> 3"),
+        (12, "2 -> 1"),
         (12, "statement deleted"),
         (13, "statement deleted"),
         (14, "return value -> None"),
@@ -145,19 +156,42 @@ def toy_engine_book(root: Path) -> Path:
         "python/minisgl/c.py": "Y = 3\n",
         "tests/test_ch01_one.py": "from minisgl.core import X\n",
         "tests/test_ch02_two.py": "",
-        "tests/test_ch03_three.py":
-            "from minisgl.a import f\n\n\ndef test_g():\n    import minisgl.b.b\n",
+        "tests/test_ch03_three.py": (
+            "from minisgl.a import f\n\n\ndef test_g():\n    import minisgl.b.b\n"
+        ),
     }
     for n, slug in ((1, "one"), (2, "two"), (3, "three")):
         files[f"examples/ch{n:02d}_{slug}.py"] = ""
     bookmaker.write_files(root, files)
-    bookmaker.write_steps(root, [{"title": "Toy", "chapters": [
-        bookmaker.chapter(1, "one", new=["minisgl/__init__.py", "minisgl/core.py",
-                                         "minisgl/a/__init__.py", "minisgl/a/impl.py"]),
-        bookmaker.chapter(2, "two", new=["minisgl/b/b.py"], modified=["minisgl/core.py"]),
-        bookmaker.chapter(3, "three", new=["minisgl/c.py"],
-                          tests=["tests/test_ch03_three.py", "tests/test_ch02_two.py"]),
-    ]}])
+    bookmaker.write_steps(
+        root,
+        [
+            {
+                "title": "Toy",
+                "chapters": [
+                    bookmaker.chapter(
+                        1,
+                        "one",
+                        new=[
+                            "minisgl/__init__.py",
+                            "minisgl/core.py",
+                            "minisgl/a/__init__.py",
+                            "minisgl/a/impl.py",
+                        ],
+                    ),
+                    bookmaker.chapter(
+                        2, "two", new=["minisgl/b/b.py"], modified=["minisgl/core.py"]
+                    ),
+                    bookmaker.chapter(
+                        3,
+                        "three",
+                        new=["minisgl/c.py"],
+                        tests=["tests/test_ch03_three.py", "tests/test_ch02_two.py"],
+                    ),
+                ],
+            }
+        ],
+    )
     return root
 
 
@@ -170,25 +204,41 @@ def test_a_files_chapters_are_those_that_write_it_and_those_whose_tests_import_i
     assert chapters("b/b.py") == ("ch02", "ch03")  # imported inside a test function
     assert chapters("c.py") == ("ch03",)  # no test imports it
     # a chapter's tests are those steps.yaml lists, however they are named
-    assert mutate.tests_of(("ch03",), repo) == ["tests/test_ch02_two.py",
-                                                 "tests/test_ch03_three.py"]
-    assert mutate.tests_of(("ch01", "ch02"), repo) == ["tests/test_ch01_one.py",
-                                                       "tests/test_ch02_two.py"]
+    assert mutate.tests_of(("ch03",), repo) == [
+        "tests/test_ch02_two.py",
+        "tests/test_ch03_three.py",
+    ]
+    assert mutate.tests_of(("ch01", "ch02"), repo) == [
+        "tests/test_ch01_one.py",
+        "tests/test_ch02_two.py",
+    ]
 
 
 def test_every_file_of_every_package_is_a_target_by_default(tmp_path):
     repo = toy_engine_book(tmp_path / "book")
     assert [f.as_posix() for f in mutate.target_files([], repo)] == [
-        "python/minisgl/a/__init__.py", "python/minisgl/a/impl.py", "python/minisgl/b/b.py",
-        "python/minisgl/__init__.py", "python/minisgl/c.py", "python/minisgl/core.py"]
-    assert [mutate.package_of(f) for f in mutate.target_files([], repo)] == \
-        ["a", "a", "b", "root", "root", "root"]
+        "python/minisgl/a/__init__.py",
+        "python/minisgl/a/impl.py",
+        "python/minisgl/b/b.py",
+        "python/minisgl/__init__.py",
+        "python/minisgl/c.py",
+        "python/minisgl/core.py",
+    ]
+    assert [mutate.package_of(f) for f in mutate.target_files([], repo)] == [
+        "a",
+        "a",
+        "b",
+        "root",
+        "root",
+        "root",
+    ]
     with pytest.raises(SystemExit, match="not a .py file"):
         mutate.target_files(["tests/test_ch01_one.py"], repo)
 
 
 def test_the_real_books_files_are_tested_by_their_chapters():
     """On this book: the chapters that add or change a file, and those that import it."""
+
     def chapters(name: str) -> set[str]:
         return set(mutate.chapters_of(Path("python/minisgl") / name))
 
@@ -199,15 +249,26 @@ def test_the_real_books_files_are_tested_by_their_chapters():
     assert "ch01" not in chapters("server/api_server.py")
     assert "tests/test_ch22_shapes.py" in mutate.tests_of(["ch22"])  # all three of ch22's
     defaults = {f.as_posix() for f in mutate.target_files([])}
-    for name in ("core.py", "env.py", "shell.py", "__main__.py", "server/api_server.py",
-                 "models/decoder.py", "layers/linear.py", "speculative/ngram.py",
-                 "structured/grammar.py", "tokenizer/detokenize.py"):
+    for name in (
+        "core.py",
+        "env.py",
+        "shell.py",
+        "__main__.py",
+        "server/api_server.py",
+        "models/decoder.py",
+        "layers/linear.py",
+        "speculative/ngram.py",
+        "structured/grammar.py",
+        "tokenizer/detokenize.py",
+    ):
         assert f"python/minisgl/{name}" in defaults
 
 
 def fake_mutants(n: int, path: str = "p.py") -> list:
-    return [mutate.Mutant(path, i // 3 + 1, f"kind {i % 3}", f"line {i}\n" * (i // 3 + 1))
-            for i in range(n)]
+    return [
+        mutate.Mutant(path, i // 3 + 1, f"kind {i % 3}", f"line {i}\n" * (i // 3 + 1))
+        for i in range(n)
+    ]
 
 
 def test_a_sample_is_reproducible_and_the_seed_chooses_it():
@@ -219,26 +280,36 @@ def test_a_sample_is_reproducible_and_the_seed_chooses_it():
     assert mutate.sample(mutants, 100) == mutants and mutate.sample(mutants, None) == mutants
     # a mutant's rank is its own: mutants added elsewhere move it only by the ones they add
     more = mutate.sample(mutants + fake_mutants(60, "q.py"), 20)
-    assert {m.key for m in more if m.path == "p.py"} <= {m.key for m in
-                                                         mutate.sample(mutants, 20)}
+    assert {m.key for m in more if m.path == "p.py"} <= {m.key for m in mutate.sample(mutants, 20)}
 
 
 def test_list_with_a_sample_prints_that_many_mutants_of_each_package(capsys):
-    argv = ["--list", "--sample", "4", "python/minisgl/engine", "python/minisgl/core.py",
-            "python/minisgl/env.py"]
+    argv = [
+        "--list",
+        "--sample",
+        "4",
+        "python/minisgl/engine",
+        "python/minisgl/core.py",
+        "python/minisgl/env.py",
+    ]
     assert mutate.main(argv) == 0
     first = capsys.readouterr().out.splitlines()
     assert sum(line.startswith("python/minisgl/engine/") for line in first) == 4
-    assert sum(line.startswith(("python/minisgl/core.py", "python/minisgl/env.py"))
-               for line in first) == 4
+    assert (
+        sum(line.startswith(("python/minisgl/core.py", "python/minisgl/env.py")) for line in first)
+        == 4
+    )
     mutate.main(argv)
     assert capsys.readouterr().out.splitlines() == first
 
 
 def test_the_summary_table_counts_each_package():
-    rows = {"engine": [{"status": s} for s in ["killed"] * 6 + ["timeout", "survived",
-                                                                 "not covered", "killed"]],
-            "root": [{"status": "survived"}, {"status": "killed"}]}
+    rows = {
+        "engine": [
+            {"status": s} for s in ["killed"] * 6 + ["timeout", "survived", "not covered", "killed"]
+        ],
+        "root": [{"status": "survived"}, {"status": "killed"}],
+    }
     table = mutate.summary_table(rows, {"engine": 40, "root": 2}).splitlines()
     assert table[2] == "| `engine` | 10 | 40 | 8 | 1 | 1 | 1 | 80.0% |"
     assert table[3] == "| `root` | 2 | 2 | 1 | 0 | 1 | 0 | 50.0% |"
@@ -272,8 +343,13 @@ def test_what_a_run_leaves_running_is_killed_even_outside_its_group(tmp_path):
     """In a process of its own: a subreaper and a reaper of every child are no things to make
     of pytest's process."""
     tools = Path(mutate.__file__).parent
-    done = subprocess.run([sys.executable, "-c", KILLS, str(tmp_path / "log")], cwd=tools,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", KILLS, str(tmp_path / "log")],
+        cwd=tools,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("gone") == 2, done.stdout
 

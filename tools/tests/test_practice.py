@@ -29,7 +29,7 @@ def _module(name: str, path: Path):
 runner = _module("practice_runner_under_test", PRACTICE / "runner.py")
 judge = _module("practice_judge_under_test", PRACTICE / "judge.py")
 
-TESTS = '''
+TESTS = """
 def helper():
     return 1
 
@@ -41,7 +41,7 @@ def test_negative(solution):
 
 def test_zero(solution):
     assert solution.add(0, 0) == 0, "add(0, 0) should be 0"
-'''
+"""
 GOOD = "def add(a, b):\n    return a + b\n"
 
 
@@ -61,8 +61,7 @@ def test_a_right_solution_passes_every_test_in_order() -> None:
 
 def test_a_wrong_solution_fails_with_the_tests_message() -> None:
     outcomes = runner.run("def add(a, b):\n    return a - b\n", TESTS)
-    assert _names(outcomes) == [("test_adds", False), ("test_negative", False),
-                                ("test_zero", True)]
+    assert _names(outcomes) == [("test_adds", False), ("test_negative", False), ("test_zero", True)]
     assert outcomes[0].message == "add(2, 3) should be 5, not -1"
     assert outcomes[1].message == "an assert failed (tests.py, line 9)"  # no message: the line
     lines = runner.report(outcomes)
@@ -85,11 +84,14 @@ def test_a_syntax_error_is_one_clear_failure() -> None:
     assert runner.report(outcomes)[-1] == "FAILED: the file does not load"
 
 
-@pytest.mark.parametrize("source, shown", [
-    ("import numpy_that_is_not_there\n", "ModuleNotFoundError: No module named"),
-    ("x = 1 / 0\n", "ZeroDivisionError: division by zero (your code, line 1)"),
-    ("import sys\nsys.exit(3)\n", "SystemExit: 3 (your code, line 2)"),
-])
+@pytest.mark.parametrize(
+    "source, shown",
+    [
+        ("import numpy_that_is_not_there\n", "ModuleNotFoundError: No module named"),
+        ("x = 1 / 0\n", "ZeroDivisionError: division by zero (your code, line 1)"),
+        ("import sys\nsys.exit(3)\n", "SystemExit: 3 (your code, line 2)"),
+    ],
+)
 def test_an_error_while_loading_is_one_clear_failure(source: str, shown: str) -> None:
     outcomes = runner.run(source, TESTS)
     assert _names(outcomes) == [("load", False)]
@@ -126,60 +128,81 @@ def test_an_endless_loop_is_cut_off_and_the_rest_not_run() -> None:
 def test_an_endless_loop_while_loading_is_cut_off_too() -> None:
     outcomes = runner.run("while True:\n    pass\n", TESTS, limit_s=0.3)
     assert [(o.name, o.message) for o in outcomes] == [
-        ("load", "the file does not load: took longer than 0.3 s (an endless loop?)")]
+        ("load", "the file does not load: took longer than 0.3 s (an endless loop?)")
+    ]
 
 
-@pytest.mark.parametrize("error", [
-    "MemoryError",
-    # torch's, on the CPU, when an allocation fails
-    "RuntimeError(\"[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
-    "allocate memory: you tried to allocate 2097152000 bytes. Error code 12 (Cannot allocate "
-    "memory)\")",
-])
+@pytest.mark.parametrize(
+    "error",
+    [
+        "MemoryError",
+        # torch's, on the CPU, when an allocation fails
+        "RuntimeError(\"[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+        "allocate memory: you tried to allocate 2097152000 bytes. Error code 12 (Cannot allocate "
+        'memory)")',
+    ],
+)
 def test_running_out_of_memory_is_one_clear_failure_and_the_rest_not_run(error: str) -> None:
     """The cap itself is set in judge.py's child (test_practice_limits.py); here, the words."""
     source = f"def add(a, b):\n    raise {error}\n"
     outcomes = runner.run(source, TESTS, memory_mb=512)
-    assert outcomes[0].message == "used more than 512 MB (a list or a loop that grows without " \
-                                  "end?)"
-    assert [o.message for o in outcomes[1:]] == ["not run: an earlier test used too much "
-                                                 "memory"] * 2
+    assert outcomes[0].message == "used more than 512 MB (a list or a loop that grows without end?)"
+    assert [o.message for o in outcomes[1:]] == [
+        "not run: an earlier test used too much memory"
+    ] * 2
     uncapped = runner.run(source, TESTS)  # the browser: its own limit, whatever it is
     assert uncapped[0].message.startswith("MemoryError: ran out of memory")
     at_load = runner.run(f"raise {error}\n", TESTS, memory_mb=512)
-    assert at_load[0].message == "the file does not load: used more than 512 MB (a list or a " \
-                                 "loop that grows without end?)"
+    assert (
+        at_load[0].message == "the file does not load: used more than 512 MB (a list or a "
+        "loop that grows without end?)"
+    )
 
 
 def test_a_learners_except_does_not_swallow_the_time_limit(tmp_path: Path) -> None:
     """In a child process, as judge.py runs it: were the limit catchable, this would never end."""
-    source = ("def add(a, b):\n    while True:\n        try:\n            while True:\n"
-              "                pass\n        except Exception:\n            pass\n")
+    source = (
+        "def add(a, b):\n    while True:\n        try:\n            while True:\n"
+        "                pass\n        except Exception:\n            pass\n"
+    )
     (tmp_path / "mine.py").write_text(source)
     (tmp_path / "tests.py").write_text(TESTS)
-    done = subprocess.run([sys.executable, str(PRACTICE / "runner.py"), str(tmp_path / "mine.py"),
-                           str(tmp_path / "tests.py"), "0.3"], capture_output=True, text=True,
-                          timeout=30)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(PRACTICE / "runner.py"),
+            str(tmp_path / "mine.py"),
+            str(tmp_path / "tests.py"),
+            "0.3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     outcomes = json.loads(done.stdout)["outcomes"]
     assert outcomes[0]["message"] == "took longer than 0.3 s (an endless loop?)"
 
 
 def test_only_the_modules_own_test_functions_run() -> None:
     tests = "from math import sqrt as test_sqrt\n" + TESTS + "test_value = 3\n"
-    assert [o.name for o in runner.run(GOOD, tests)] == ["test_adds", "test_negative",
-                                                         "test_zero"]
+    assert [o.name for o in runner.run(GOOD, tests)] == ["test_adds", "test_negative", "test_zero"]
 
 
 def test_dataclasses_work_in_the_learners_code() -> None:
-    source = ("from __future__ import annotations\nfrom dataclasses import dataclass\n\n"
-              "@dataclass\nclass P:\n    x: int\n\ndef add(a, b):\n    return P(a + b).x\n")
+    source = (
+        "from __future__ import annotations\nfrom dataclasses import dataclass\n\n"
+        "@dataclass\nclass P:\n    x: int\n\ndef add(a, b):\n    return P(a + b).x\n"
+    )
     assert runner.all_passed(runner.run(source, TESTS))
 
 
 def test_run_json_is_what_the_browser_reads() -> None:
     data = json.loads(runner.run_json("def add(a, b):\n    return a * b\n", TESTS))
-    assert data["outcomes"][0] == {"name": "test_adds", "passed": False,
-                                   "message": "add(2, 3) should be 5, not 6"}
+    assert data["outcomes"][0] == {
+        "name": "test_adds",
+        "passed": False,
+        "message": "add(2, 3) should be 5, not 6",
+    }
     assert data["report"][-1] == "FAILED: 1 of 3 tests passed"  # 0 * 0 == 0
     broken = json.loads(runner.run_json(GOOD, "def test_x(solution):\n    return (\n"))
     assert broken["outcomes"][0]["name"] == "tests"
@@ -208,8 +231,13 @@ def practice(tmp_path: Path) -> Path:
 
 
 def _judge(practice: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(practice / "judge.py"), *args], cwd=practice.parent,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(practice / "judge.py"), *args],
+        cwd=practice.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_judging_the_starter_makes_the_working_copy_and_fails(practice: Path) -> None:
@@ -237,8 +265,9 @@ def test_a_file_that_does_not_load_gets_one_fail_line(practice: Path, tmp_path: 
     done = _judge(practice, "171", str(broken))
     assert done.returncode == 1
     assert done.stdout.splitlines()[1:] == [
-        "FAIL load: the file does not load: SyntaxError: '[' was never closed (your code, "
-        "line 2)", "FAILED: the file does not load"]
+        "FAIL load: the file does not load: SyntaxError: '[' was never closed (your code, line 2)",
+        "FAILED: the file does not load",
+    ]
 
 
 def test_a_relative_path_is_judged_like_an_absolute_one(practice: Path) -> None:
@@ -269,15 +298,19 @@ def test_list_marks_the_solved_ones(practice: Path) -> None:
     assert row()[4] == "yes"
 
 
-@pytest.mark.parametrize("args, message", [
-    (["999"], "judge.py: error: no exercise '999' (exercises: 171)"),
-    (["171", "no_such_file.py"], "judge.py: error: no file no_such_file.py"),
-    ([], "judge.py: error: name an exercise, e.g. judge.py 171 (or --list)"),
-    (["--reference", "171", "x.py"], "judge.py: error: --reference judges the reference: "
-                                     "give no FILE"),
-])
-def test_bad_input_is_one_line_and_status_2(practice: Path, args: list[str],
-                                            message: str) -> None:
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["999"], "judge.py: error: no exercise '999' (exercises: 171)"),
+        (["171", "no_such_file.py"], "judge.py: error: no file no_such_file.py"),
+        ([], "judge.py: error: name an exercise, e.g. judge.py 171 (or --list)"),
+        (
+            ["--reference", "171", "x.py"],
+            "judge.py: error: --reference judges the reference: give no FILE",
+        ),
+    ],
+)
+def test_bad_input_is_one_line_and_status_2(practice: Path, args: list[str], message: str) -> None:
     done = _judge(practice, *args)
     assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
 
@@ -298,17 +331,23 @@ def test_the_example_verifies(practice: Path) -> None:
     assert judge.verify(exercise, REPO) == []
 
 
-@pytest.mark.parametrize("old, new, message", [
-    ('id = "171"', 'id = "172"', "id is '172', but the folder says 171"),
-    ("chapter = 17", "chapter = 7", "chapter is 7, but id 171 says 17"),
-    ('difficulty = "easy"', 'difficulty = "simple"', "difficulty must be one of easy, medium"),
-    ('runs = "browser"', 'runs = "gpu"', "runs must be one of browser, local"),
-    ('title = "CUDA-graph bucket padding"\n', "", "title must be a str"),
-    ("chapter = 17", 'chapter = "17"', "chapter must be a int"),
-    ('source =', 'sources =', "source must be a str"),
-    ('function = "graph_batch_sizes, padded_size"', 'function = "graph-batch-sizes"',
-     "function must name Python functions"),
-])
+@pytest.mark.parametrize(
+    "old, new, message",
+    [
+        ('id = "171"', 'id = "172"', "id is '172', but the folder says 171"),
+        ("chapter = 17", "chapter = 7", "chapter is 7, but id 171 says 17"),
+        ('difficulty = "easy"', 'difficulty = "simple"', "difficulty must be one of easy, medium"),
+        ('runs = "browser"', 'runs = "gpu"', "runs must be one of browser, local"),
+        ('title = "CUDA-graph bucket padding"\n', "", "title must be a str"),
+        ("chapter = 17", 'chapter = "17"', "chapter must be a int"),
+        ("source =", "sources =", "source must be a str"),
+        (
+            'function = "graph_batch_sizes, padded_size"',
+            'function = "graph-batch-sizes"',
+            "function must name Python functions",
+        ),
+    ],
+)
 def test_exercise_toml_is_checked(practice: Path, old: str, new: str, message: str) -> None:
     _edit(practice / EXAMPLE, "exercise.toml", old, new)
     with pytest.raises(judge.ExerciseError, match=message):
@@ -317,26 +356,39 @@ def test_exercise_toml_is_checked(practice: Path, old: str, new: str, message: s
 
 def test_an_unknown_field_is_refused(practice: Path) -> None:
     with open(practice / EXAMPLE / "exercise.toml", "a") as f:
-        f.write('timeout = 3\n')
+        f.write("timeout = 3\n")
     with pytest.raises(judge.ExerciseError, match="unknown field 'timeout'"):
         judge.load(practice / EXAMPLE)
 
 
-@pytest.mark.parametrize("name, old, new, message", [
-    ("README.md", "# 171 · CUDA-graph bucket padding (easy)", "# 171 · Bucket padding (easy)",
-     "README.md begins '# 171 · Bucket padding (easy)', not '# 171 · CUDA-graph bucket "
-     "padding (easy)'"),
-    ("exercise.toml", "engine/graph.py", "engine/graphs.py",
-     "source python/minisgl/engine/graphs.py does not exist"),
-    ("starter.py", "def padded_size(", "def pad(", "starter.py does not define padded_size"),
-    ("reference.py", "from __future__ import annotations",
-     "from __future__ import annotations\nimport numpy as np",
-     "reference.py imports numpy: a browser exercise is pure Python"),
-    ("tests.py", "def test_", "def check_", "tests.py has no test_ function"),
-    ("tests.py", "import random", "import random(", "tests.py does not parse"),
-])
-def test_the_files_are_checked(practice: Path, name: str, old: str, new: str,
-                               message: str) -> None:
+@pytest.mark.parametrize(
+    "name, old, new, message",
+    [
+        (
+            "README.md",
+            "# 171 · CUDA-graph bucket padding (easy)",
+            "# 171 · Bucket padding (easy)",
+            "README.md begins '# 171 · Bucket padding (easy)', not '# 171 · CUDA-graph bucket "
+            "padding (easy)'",
+        ),
+        (
+            "exercise.toml",
+            "engine/graph.py",
+            "engine/graphs.py",
+            "source python/minisgl/engine/graphs.py does not exist",
+        ),
+        ("starter.py", "def padded_size(", "def pad(", "starter.py does not define padded_size"),
+        (
+            "reference.py",
+            "from __future__ import annotations",
+            "from __future__ import annotations\nimport numpy as np",
+            "reference.py imports numpy: a browser exercise is pure Python",
+        ),
+        ("tests.py", "def test_", "def check_", "tests.py has no test_ function"),
+        ("tests.py", "import random", "import random(", "tests.py does not parse"),
+    ],
+)
+def test_the_files_are_checked(practice: Path, name: str, old: str, new: str, message: str) -> None:
     _edit(practice / EXAMPLE, name, old, new)
     found = judge.verify(judge.load(practice / EXAMPLE), REPO)
     assert any(message in problem for problem in found), found
@@ -357,8 +409,10 @@ def test_a_reference_that_fails_is_caught(practice: Path) -> None:
     _edit(practice / EXAMPLE, "reference.py", "bs >= batch_size", "bs > batch_size")
     found = judge.verify(judge.load(practice / EXAMPLE), REPO)
     assert found and all(p.startswith("the reference fails test_") for p in found)
-    assert "the reference fails test_examples_of_padding: padded_size([1, 2, 4, 8, 16], 1) " \
-           "should be 1, not 2" in found
+    assert (
+        "the reference fails test_examples_of_padding: padded_size([1, 2, 4, 8, 16], 1) "
+        "should be 1, not 2" in found
+    )
 
 
 def test_two_folders_for_one_id_are_refused(practice: Path) -> None:

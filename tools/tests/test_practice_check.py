@@ -13,21 +13,21 @@ from bookmaker import steps, write_files
 
 REPO = Path(__file__).resolve().parents[2]
 EXERCISE = "practice/021_shout"
-TOML = '''id = "021"
+TOML = """id = "021"
 title = "Shouting"
 chapter = 2
 difficulty = "easy"
 runs = "browser"
 function = "shout"
 source = "python/toy/shout.py"
-'''
+"""
 FILES = {
     f"{EXERCISE}/exercise.toml": TOML,
     f"{EXERCISE}/README.md": "# 021 · Shouting (easy)\n\nWrite `shout(name)`.\n",
     f"{EXERCISE}/starter.py": "def shout(name):\n    raise NotImplementedError\n",
     f"{EXERCISE}/reference.py": "def shout(name):\n    return ('hello, ' + name + '!').upper()\n",
     f"{EXERCISE}/tests.py": "def test_shout(solution):\n"
-                            "    assert solution.shout('a') == 'HELLO, A!', 'shout a'\n",
+    "    assert solution.shout('a') == 'HELLO, A!', 'shout a'\n",
 }
 
 
@@ -44,8 +44,9 @@ def _rows(stdout: str) -> dict[str, list[str]]:
     """The table's cells by chapter (cells are two spaces apart, and hold single spaces)."""
     lines = stdout.splitlines()
     assert re.split(r"\s{2,}", lines[0])[-2:] == ["practice", "result"], lines[0]
-    return {line.split()[0]: re.split(r"\s{2,}", line) for line in lines[2:]
-            if line.startswith("ch")}
+    return {
+        line.split()[0]: re.split(r"\s{2,}", line) for line in lines[2:] if line.startswith("ch")
+    }
 
 
 def test_a_sound_exercise_is_a_column_of_the_table(practised: Path) -> None:
@@ -62,18 +63,31 @@ def test_the_full_check_verifies_them_too(practised: Path) -> None:
     assert _rows(done.stdout)["ch02"][-2:] == ["1 ok", "pass"]
 
 
-@pytest.mark.parametrize("name, text, problem", [
-    ("starter.py", FILES[f"{EXERCISE}/reference.py"], ": the starter passes the tests"),
-    ("reference.py", "def shout(name):\n    return name\n", ": the reference fails test_shout: "
-                                                            "shout a"),
-    ("README.md", "# Shouting\n",
-     ": README.md begins '# Shouting', not '# 021 · Shouting (easy)'"),
-    ("exercise.toml", TOML.replace("chapter = 2", "chapter = 3"),
-     "/exercise.toml: chapter is 3, but id 021 says 2"),
-    ("tests.py", None, ": tests.py is missing"),
-])
-def test_a_broken_exercise_fails_its_chapter(practised: Path, name: str, text: str | None,
-                                             problem: str) -> None:
+@pytest.mark.parametrize(
+    "name, text, problem",
+    [
+        ("starter.py", FILES[f"{EXERCISE}/reference.py"], ": the starter passes the tests"),
+        (
+            "reference.py",
+            "def shout(name):\n    return name\n",
+            ": the reference fails test_shout: shout a",
+        ),
+        (
+            "README.md",
+            "# Shouting\n",
+            ": README.md begins '# Shouting', not '# 021 · Shouting (easy)'",
+        ),
+        (
+            "exercise.toml",
+            TOML.replace("chapter = 2", "chapter = 3"),
+            "/exercise.toml: chapter is 3, but id 021 says 2",
+        ),
+        ("tests.py", None, ": tests.py is missing"),
+    ],
+)
+def test_a_broken_exercise_fails_its_chapter(
+    practised: Path, name: str, text: str | None, problem: str
+) -> None:
     assert steps(practised, "check", "--static").returncode == 0  # cached as passing
     path = practised / EXERCISE / name
     path.unlink() if text is None else path.write_text(text)

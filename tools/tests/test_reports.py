@@ -10,7 +10,7 @@ from stepslib.report import cut, failure_report
 
 MARKER = re.compile(r"^\.\.\. ([\d,]+) characters cut \.\.\.$", re.MULTILINE)
 BROKEN_COUNT = "def count(text: str) -> int:\n    return len(text)\n"
-LONG_TESTS = '''\
+LONG_TESTS = """\
 import pytest
 from toy.count import count
 
@@ -28,7 +28,7 @@ def test_first():
 def test_later(n):
     print("\\n".join("y" * 90 for _ in range(30)))
     assert count("a") == 100 + n, "a later failure"
-'''
+"""
 
 
 def _set(book, chapter_id, **fields):
@@ -84,13 +84,19 @@ def test_each_detail_block_is_headed_with_what_it_is(book, tmp_path):
     learner = _learner(book, tmp_path)
     done = steps(book, "check", "3", "--against", str(learner))
     headings = [line for line in done.stdout.splitlines() if line.startswith("── ")]
-    assert headings == ["── ch03_count · main: 1 line differs from main.out ──",
-                        "── ch03_count · tests: 1 failed ──"]
+    assert headings == [
+        "── ch03_count · main: 1 line differs from main.out ──",
+        "── ch03_count · tests: 1 failed ──",
+    ]
     assert "-2\n+7\n" in done.stdout  # main's diff, under main's heading
     hint = next(line for line in done.stdout.splitlines() if line.startswith("see all it"))
     assert hint.endswith(f"steps.py --root {book} run ch03 --against {learner}")
-    shown = subprocess.run(["bash", "-c", hint.removeprefix("see all it prints: ")],
-                           capture_output=True, text=True, timeout=120)
+    shown = subprocess.run(
+        ["bash", "-c", hint.removeprefix("see all it prints: ")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 1 and "-2\n+7\n" in shown.stdout
 
 
@@ -99,17 +105,21 @@ def test_the_rerun_command_runs_the_first_failing_test_on_the_learners_tree(book
     learner = _learner(book, tmp_path)
     done = steps(book, "check", "3", "--against", str(learner))
     command = _rerun_command(done.stdout).strip()
-    assert command.startswith(f"cd {book}/.steps-cache/trees/ch03_count-yours && "
-                              f"PYTHONPATH={learner}/python ")
+    assert command.startswith(
+        f"cd {book}/.steps-cache/trees/ch03_count-yours && PYTHONPATH={learner}/python "
+    )
     assert command.endswith(" -m pytest tests/test_ch03_count.py::test_first")
-    again = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
-                           cwd=tmp_path)
+    again = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert again.returncode == 1
     assert "the bug is here" in again.stdout and "1 failed" in again.stdout
     (learner / "python/toy/count.py").write_text(  # the learner fixes the bug, runs it again
-        "def count(text: str) -> int:\n    return len(text.split())\n")
-    again = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
-                           cwd=tmp_path)
+        "def count(text: str) -> int:\n    return len(text.split())\n"
+    )
+    again = subprocess.run(
+        ["bash", "-c", command], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert again.returncode == 0 and "1 passed" in again.stdout
 
 
@@ -144,7 +154,7 @@ def test_a_pass_from_the_cache_clears_the_kept_tree_too(book):
 # --- skips, counted -------------------------------------------------------------------------
 
 
-SKIPPING_TESTS = '''\
+SKIPPING_TESTS = """\
 import pytest
 from toy.count import count
 
@@ -170,13 +180,18 @@ def test_inside():
 @pytest.mark.xfail(reason="known")
 def test_known():
     assert False
-'''
+"""
 
 
 def test_skipped_tests_are_counted_with_their_reasons(book):
-    write_files(book, {"tests/test_ch03_count.py": SKIPPING_TESTS,
-                       "tests/test_ch03_more.py": 'import pytest\n\n'
-                       'pytest.importorskip("no_such_module_here")\n\n\ndef test_x():\n    pass\n'})
+    write_files(
+        book,
+        {
+            "tests/test_ch03_count.py": SKIPPING_TESTS,
+            "tests/test_ch03_more.py": "import pytest\n\n"
+            'pytest.importorskip("no_such_module_here")\n\n\ndef test_x():\n    pass\n',
+        },
+    )
     _set(book, "ch03", tests=["tests/test_ch03_count.py", "tests/test_ch03_more.py"])
     for run in ("fresh", "cached"):
         done = steps(book, "check", "3")
@@ -185,52 +200,67 @@ def test_skipped_tests_are_counted_with_their_reasons(book):
         assert ("(cached)" in out) == (run == "cached")
         row = out.splitlines()[2]
         assert "2 passed, 5 skipped, 1 xfailed" in row
-        assert ("chapters: 1 passed, 0 failed, 0 skipped; their tests: 2 passed, 0 failed, "
-                "5 skipped, 1 xfailed") in out
-        reasons = out[out.index("tests skipped, by reason:"):].splitlines()[1:4]
+        assert (
+            "chapters: 1 passed, 0 failed, 0 skipped; their tests: 2 passed, 0 failed, "
+            "5 skipped, 1 xfailed"
+        ) in out
+        reasons = out[out.index("tests skipped, by reason:") :].splitlines()[1:4]
         assert [line.split(None, 1) for line in reasons] == [
             ["3", "needs a thing"],
-            ["1", "could not import 'no_such_module_here': No module named "
-                  "'no_such_module_here'"],
-            ["1", "not today"]]
+            ["1", "could not import 'no_such_module_here': No module named 'no_such_module_here'"],
+            ["1", "not today"],
+        ]
 
 
 def test_a_learner_report_lists_each_skip_and_why(book, tmp_path):
-    write_files(book, {"tests/test_ch03_count.py": SKIPPING_TESTS,
-                       "tests/test_ch03_more.py": 'import pytest\n\n'
-                       'pytest.importorskip("no_such_module_here")\n'})
+    write_files(
+        book,
+        {
+            "tests/test_ch03_count.py": SKIPPING_TESTS,
+            "tests/test_ch03_more.py": "import pytest\n\n"
+            'pytest.importorskip("no_such_module_here")\n',
+        },
+    )
     _set(book, "ch03", tests=["tests/test_ch03_count.py", "tests/test_ch03_more.py"])
-    learner = _learner(book, tmp_path, "def count(text: str) -> int:\n"
-                                       "    return len(text.split())\n")
+    learner = _learner(
+        book, tmp_path, "def count(text: str) -> int:\n    return len(text.split())\n"
+    )
     done = steps(book, "check", "3", "--against", str(learner))
     assert done.returncode == 0, done.stdout
     assert "ch03 skipped tests/test_ch03_count.py::test_thing[2]  (needs a thing)" in done.stdout
     assert "ch03 xfailed tests/test_ch03_count.py::test_known  (known)" in done.stdout
     assert "ch03 passed  tests/test_ch03_count.py::test_one" in done.stdout
-    assert "ch03 skipped tests/test_ch03_more.py  (could not import 'no_such_module_here'" \
-        in done.stdout  # a module skipped whole is named by its path
+    assert (
+        "ch03 skipped tests/test_ch03_more.py  (could not import 'no_such_module_here'"
+        in done.stdout
+    )  # a module skipped whole is named by its path
 
 
 # --- run --against: a verdict against main.out -------------------------------------------
 
 
 def test_run_against_says_the_same_when_the_prints_are_the_recorded_ones(book, tmp_path):
-    learner = _learner(book, tmp_path, "def count(text: str) -> int:\n"
-                                       "    return len(text.split())\n")
+    learner = _learner(
+        book, tmp_path, "def count(text: str) -> int:\n    return len(text.split())\n"
+    )
     done = steps(book, "run", "3", "--against", str(learner))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout == ("2\n\n── your tree prints what chapters/ch03_count/main.out holds, "
-                           "line for line ──\n")
+    assert done.stdout == (
+        "2\n\n── your tree prints what chapters/ch03_count/main.out holds, line for line ──\n"
+    )
 
 
 def test_run_against_shows_the_diff_when_they_differ(book, tmp_path):
     learner = _learner(book, tmp_path)
     done = steps(book, "run", "3", "--against", str(learner))
     assert done.returncode == 1
-    assert done.stdout.startswith("7\n\n── 1 line differs between your tree's prints and "
-                                  "chapters/ch03_count/main.out ──\n")
-    assert ("--- chapters/ch03_count/main.out (recorded)\n"
-            "+++ chapters/ch03_count/main.out (printed by your tree)\n") in done.stdout
+    assert done.stdout.startswith(
+        "7\n\n── 1 line differs between your tree's prints and chapters/ch03_count/main.out ──\n"
+    )
+    assert (
+        "--- chapters/ch03_count/main.out (recorded)\n"
+        "+++ chapters/ch03_count/main.out (printed by your tree)\n"
+    ) in done.stdout
     assert "-2\n+7\n" in done.stdout
 
 
@@ -283,28 +313,33 @@ ERROR tests/test_x.py::test_late
 def test_the_first_failure_is_the_first_that_ran_and_its_captured_output_is_cut():
     captured = "\n".join(f"print {i:04d}" for i in range(2000))
     output = PYTEST_OUTPUT.replace("CAPTURED", captured)
-    report, node = failure_report(output, ["tests/test_x.py::test_early",
-                                           "tests/test_x.py::test_late"])
+    report, node = failure_report(
+        output, ["tests/test_x.py::test_early", "tests/test_x.py::test_late"]
+    )
     assert node == "tests/test_x.py::test_early"
     assert "    def test_early():\n>       assert f() == 1\nE       assert 2 == 1\n" in report
     assert "print 1999\n" in report and "print 1000\n" not in report
     assert len(MARKER.findall(report)) == 1
-    assert report.endswith("ERROR tests/test_x.py::test_late\n1 failed, 2 passed, 1 error in "
-                           "0.10s\n")
+    assert report.endswith(
+        "ERROR tests/test_x.py::test_late\n1 failed, 2 passed, 1 error in 0.10s\n"
+    )
 
 
 def test_a_rule_a_test_prints_ends_no_section():
-    output = PYTEST_OUTPUT.replace("CAPTURED", "printed\n" + "_" * 20 + " test_later " + "_" * 20
-                                   + "\nE   the later one")
+    output = PYTEST_OUTPUT.replace(
+        "CAPTURED", "printed\n" + "_" * 20 + " test_later " + "_" * 20 + "\nE   the later one"
+    )
     report, node = failure_report(output, ["tests/test_x.py::test_later"])
     assert node == "tests/test_x.py::test_later"  # found: a failure's section after the rule
     assert " test_later " + "_" * 20 + "\nE   the later one\n" in report
 
 
 def test_a_collection_error_is_the_first_failure_of_its_module():
-    output = ("E\n==== ERRORS ====\n____ ERROR collecting tests/test_y.py ____\n"
-              "ImportError: no module named nowhere\n==== short test summary info ====\n"
-              "ERROR tests/test_y.py\n1 error in 0.1s\n")
+    output = (
+        "E\n==== ERRORS ====\n____ ERROR collecting tests/test_y.py ____\n"
+        "ImportError: no module named nowhere\n==== short test summary info ====\n"
+        "ERROR tests/test_y.py\n1 error in 0.1s\n"
+    )
     report, node = failure_report(output, ["tests/test_y.py"])
     assert node == "tests/test_y.py" and "ImportError: no module named nowhere" in report
 

@@ -35,8 +35,15 @@ REPO = Path(__file__).resolve().parents[2]
 SITE = REPO / "build" / "site"
 SHOTS = REPO / "build" / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PYODIDE_MS = 180_000  # the first run loads Python into the page's worker
 READABLE_PX = 9  # the smallest figure text, as shown
 WIDTHS = (1280, 1920)  # common screens: the code must fit the text column on both
@@ -51,8 +58,10 @@ from stepslib.tree import listing  # noqa: E402
 
 def _missing() -> list[str]:
     missing = [] if CHROMIUM.is_file() else ["chromium (apt-get install chromium)"]
-    for module, how in (("playwright", "pip install -e '.[site]'"),
-                        ("mkdocs", "pip install -e '.[site]'")):
+    for module, how in (
+        ("playwright", "pip install -e '.[site]'"),
+        ("mkdocs", "pip install -e '.[site]'"),
+    ):
         if importlib.util.find_spec(module) is None:
             missing.append(f"{module} ({how})")
     if not (REPO / "node_modules" / "pyodide" / "pyodide.mjs").is_file():
@@ -89,10 +98,14 @@ def _chosen() -> tuple:
         exercise = judge.find(wanted)
     else:
         chapter_id = os.environ.get("SITE_TEST_CHAPTER")
-        numbers = [int(chapter_id.removeprefix("ch"))] if chapter_id else \
-            [c.number for c in book.chapters]
-        exercise = max((e for e in exercises if e.chapter in numbers),
-                       key=lambda e: (e.chapter, -int(e.id)))
+        numbers = (
+            [int(chapter_id.removeprefix("ch"))]
+            if chapter_id
+            else [c.number for c in book.chapters]
+        )
+        exercise = max(
+            (e for e in exercises if e.chapter in numbers), key=lambda e: (e.chapter, -int(e.id))
+        )
     return book, book.chapter(exercise.chapter), exercise
 
 
@@ -102,8 +115,12 @@ BOOK, CHAPTER, EXERCISE = _chosen()
 @pytest.fixture(scope="module")
 def url() -> str:
     """The site, built by the documented command and served on a free port of 127.0.0.1."""
-    done = subprocess.run([sys.executable, str(REPO / "tools" / "site.py"), "build"],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "site.py"), "build"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     handler = functools.partial(_Quiet, directory=str(SITE))
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -115,8 +132,11 @@ def url() -> str:
 
 
 class _Quiet(SimpleHTTPRequestHandler):
-    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, ".mjs": "text/javascript",
-                      ".wasm": "application/wasm"}
+    extensions_map = {
+        **SimpleHTTPRequestHandler.extensions_map,
+        ".mjs": "text/javascript",
+        ".wasm": "application/wasm",
+    }
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -135,15 +155,25 @@ def context(url: str):
             context.outside.append(route.request.url)
             route.abort()
 
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile, \
-            sync_playwright() as playwright:
+    with (
+        tempfile.TemporaryDirectory(prefix="chromium-") as profile,
+        sync_playwright() as playwright,
+    ):
         context = playwright.chromium.launch_persistent_context(
-            profile, executable_path=str(CHROMIUM), headless=True, args=FLAGS,
-            viewport={"width": WIDTHS[0], "height": 900})
+            profile,
+            executable_path=str(CHROMIUM),
+            headless=True,
+            args=FLAGS,
+            viewport={"width": WIDTHS[0], "height": 900},
+        )
         context.outside, context.console = [], []
         context.route("**/*", route)
-        context.on("console", lambda message: context.console.append(message.text)
-                   if message.type == "error" else None)
+        context.on(
+            "console",
+            lambda message: (
+                context.console.append(message.text) if message.type == "error" else None
+            ),
+        )
         yield context
         context.close()
 
@@ -222,8 +252,12 @@ def test_the_page_ends_with_its_exercises_and_links(page) -> None:
 
 def _local_report(file: Path) -> list[str]:
     """What `python practice/judge.py ID FILE` prints after its first line."""
-    done = subprocess.run([sys.executable, str(REPO / "practice" / "judge.py"), EXERCISE.id,
-                           str(file)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(REPO / "practice" / "judge.py"), EXERCISE.id, str(file)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return done.stdout.splitlines()[1:]
 
 
@@ -233,7 +267,9 @@ def _run_in_browser(page, source: str) -> tuple[str, list[str]]:
     block.locator(".practice-run").click()
     page.wait_for_function(
         f"document.querySelector(\".practice[data-exercise='{EXERCISE.id}']\")"
-        ".dataset.verdict.match(/^(pass|fail)$/)", timeout=PYODIDE_MS)
+        ".dataset.verdict.match(/^(pass|fail)$/)",
+        timeout=PYODIDE_MS,
+    )
     lines = block.locator(".practice-output").inner_text().strip().splitlines()
     return block.get_attribute("data-verdict"), lines
 
@@ -323,8 +359,10 @@ def test_code_fits_the_column_and_a_longer_line_wraps_keeping_its_indentation(ta
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         scrolled = page.eval_on_selector_all(
-            "article pre > code", "codes => codes.filter(c => c.scrollWidth > c.clientWidth)"
-            ".map(c => c.innerText.slice(0, 60))")
+            "article pre > code",
+            "codes => codes.filter(c => c.scrollWidth > c.clientWidth)"
+            ".map(c => c.innerText.slice(0, 60))",
+        )
         assert scrolled == [], f"at {width} px these blocks scroll sideways"
         lines = page.evaluate(LINES)
         assert lines, "no code on the page"
@@ -336,7 +374,8 @@ def test_code_fits_the_column_and_a_longer_line_wraps_keeping_its_indentation(ta
             page.screenshot(path=str(SHOTS / f"site_{name}_{width}.png"))
             widest = page.eval_on_selector_all("article pre > code", LONGEST)
             page.locator("article pre > code").nth(widest).screenshot(
-                path=str(SHOTS / f"site_{name}_{width}_longest_line.png"))
+                path=str(SHOTS / f"site_{name}_{width}_longest_line.png")
+            )
 
 
 def _smallest_text(svg: str) -> float:
@@ -345,8 +384,9 @@ def _smallest_text(svg: str) -> float:
     return min(float(size) for size in FONT_SIZE.findall(svg))
 
 
-@pytest.mark.parametrize("name", [c.name for c in BOOK.chapters
-                                  if (BOOK.root / c.folder / "figures").is_dir()])
+@pytest.mark.parametrize(
+    "name", [c.name for c in BOOK.chapters if (BOOK.root / c.folder / "figures").is_dir()]
+)
 def test_every_figure_enlarges_to_readable_text(tab, name: str) -> None:
     page = tab.visit(f"{name}.html")
     links = page.locator("article a.figure-zoom")
@@ -358,8 +398,9 @@ def test_every_figure_enlarges_to_readable_text(tab, name: str) -> None:
         links.nth(i).click()
         enlarged = page.locator("dialog.figure-dialog[open] img")
         enlarged.wait_for()
-        page.wait_for_function("img => img.complete && img.naturalWidth > 0",
-                               arg=enlarged.element_handle())
+        page.wait_for_function(
+            "img => img.complete && img.naturalWidth > 0", arg=enlarged.element_handle()
+        )
         shown = enlarged.evaluate("img => img.getBoundingClientRect().width")
         smallest = _smallest_text(svg) * shown / float(VIEWBOX.search(svg).group(1))
         if name == "ch08_radix" and i == 0:
@@ -376,8 +417,9 @@ def test_the_two_kinds_of_exercises_have_headings_of_their_own(tab, name: str) -
     headings = _headings(tab.visit(f"{name}.html"))
     judged = sum(e.chapter == chapter.number for e in judge.exercises())
     assert headings.count("Questions, with answers") == 1
-    assert [h for h in headings if h.startswith("Judged exercises")] == \
-        [f"Judged exercises ({judged})"]
+    assert [h for h in headings if h.startswith("Judged exercises")] == [
+        f"Judged exercises ({judged})"
+    ]
     assert not {"Exercises", "The judged exercise"} & set(headings)
 
 
@@ -396,8 +438,10 @@ def test_the_home_page_introduces_the_book_and_numbers_the_chapters_through(tab)
     page = tab.visit("index.html")
     assert "This book builds minisgl" in page.locator("article p").first.inner_text()
     numbered = page.eval_on_selector_all(
-        "article ol", "lists => lists.flatMap(ol => [...ol.children].map("
-        "(li, i) => [ol.start + i, li.innerText.trim()]))")
+        "article ol",
+        "lists => lists.flatMap(ol => [...ol.children].map("
+        "(li, i) => [ol.start + i, li.innerText.trim()]))",
+    )
     assert numbered == [[c.number, c.title] for c in BOOK.chapters]
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})

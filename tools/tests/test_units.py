@@ -23,16 +23,19 @@ def test_selection_forms(book):
         parse_selection(loaded, "2-4")
 
 
-@pytest.mark.parametrize("recorded, printed, tolerance, same", [
-    ("max error 2.4e-07\n", "max error 2.4e-07\n", None, True),
-    ("max error 2.4e-07\n", "max error 3.1e-07\n", None, False),
-    ("max error 2.4e-07\n", "max error 3.1e-07\n", 1e-6, True),
-    ("max error 2.4e-07\n", "max error 2.4e-05\n", 1e-6, False),
-    ("ids [1, 2, 3]\n", "ids [1, 2, 4]\n", 1e-6, False),
-    ("a 1.0\n", "b 1.0\n", 1e-6, False),
-    ("a 1.0\n", "a 1.0 2.0\n", 1e-6, False),
-    ("x -0.5\n", "x -0.5000001\n", 1e-6, True),
-])
+@pytest.mark.parametrize(
+    "recorded, printed, tolerance, same",
+    [
+        ("max error 2.4e-07\n", "max error 2.4e-07\n", None, True),
+        ("max error 2.4e-07\n", "max error 3.1e-07\n", None, False),
+        ("max error 2.4e-07\n", "max error 3.1e-07\n", 1e-6, True),
+        ("max error 2.4e-07\n", "max error 2.4e-05\n", 1e-6, False),
+        ("ids [1, 2, 3]\n", "ids [1, 2, 4]\n", 1e-6, False),
+        ("a 1.0\n", "b 1.0\n", 1e-6, False),
+        ("a 1.0\n", "a 1.0 2.0\n", 1e-6, False),
+        ("x -0.5\n", "x -0.5000001\n", 1e-6, True),
+    ],
+)
 def test_same_prints(recorded, printed, tolerance, same):
     assert same_prints(recorded, printed, tolerance) is same
 
@@ -49,26 +52,32 @@ def _problems(closure: Closure, tmp_path: Path, path: str, module: str, chapter:
 
 
 def test_closure_resolves_relative_star_and_nested_imports(tmp_path):
-    closure = _closure(tmp_path, {
-        "pkg/__init__.py": "from .a import A\n",
-        "pkg/a.py": "try:\n    import json\nexcept ImportError:\n    json = None\nA = 1\n"
-                    "if A:\n    def helper():\n        pass\n",
-        "pkg/sub/__init__.py": "from ..a import *\n",
-        "pkg/sub/b.py": "from . import c\nfrom .. import a\nfrom ..a import helper, json\n"
-                        "import pkg.sub.c\nimport os\n\n\ndef f():\n    from pkg.sub import A\n",
-        "pkg/sub/c.py": "",
-    })
+    closure = _closure(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import A\n",
+            "pkg/a.py": "try:\n    import json\nexcept ImportError:\n    json = None\nA = 1\n"
+            "if A:\n    def helper():\n        pass\n",
+            "pkg/sub/__init__.py": "from ..a import *\n",
+            "pkg/sub/b.py": "from . import c\nfrom .. import a\nfrom ..a import helper, json\n"
+            "import pkg.sub.c\nimport os\n\n\ndef f():\n    from pkg.sub import A\n",
+            "pkg/sub/c.py": "",
+        },
+    )
     assert _problems(closure, tmp_path, "pkg/sub/b.py", "pkg.sub.b") == ([], [])
     assert _problems(closure, tmp_path, "pkg/__init__.py", "pkg") == ([], [])
 
 
 def test_closure_finds_missing_modules_and_names(tmp_path):
-    closure = _closure(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from .b import nothing\n\n\ndef f():\n    from pkg.b import g\n"
-                    "    import pkg.c.d\n",
-        "pkg/b.py": "def h():\n    pass\n",
-    })
+    closure = _closure(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "from .b import nothing\n\n\ndef f():\n    from pkg.b import g\n"
+            "    import pkg.c.d\n",
+            "pkg/b.py": "def h():\n    pass\n",
+        },
+    )
     problems, _ = _problems(closure, tmp_path, "pkg/a.py", "pkg.a")
     assert problems == [
         "pkg/a.py:1: `from pkg.b import nothing`: pkg.b has no name 'nothing' in this tree",
@@ -78,11 +87,14 @@ def test_closure_finds_missing_modules_and_names(tmp_path):
 
 
 def test_closure_forward_reference_on_a_multi_line_import(tmp_path):
-    closure = _closure(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "def f():\n    from pkg.later import (\n        x,\n"
-                    "    )  # forward reference: ch07\n",
-    })
+    closure = _closure(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/a.py": "def f():\n    from pkg.later import (\n        x,\n"
+            "    )  # forward reference: ch07\n",
+        },
+    )
     problems, forwards = _problems(closure, tmp_path, "pkg/a.py", "pkg.a", chapter=3)
     assert problems == [] and [(f.module, f.chapter) for f in forwards] == [("pkg.later", 7)]
     problems, forwards = _problems(closure, tmp_path, "pkg/a.py", "pkg.a", chapter=7)
@@ -96,8 +108,10 @@ def test_closure_reports_a_syntax_error(tmp_path):
 
 
 def test_find_symbol_takes_decorators_and_methods():
-    text = ("import x\n\n\n@x.jit\ndef kernel(a):\n    return a\n\n\nclass C:\n"
-            "    def m(self):\n        return 1\n\n    def n(self):\n        pass\n")
+    text = (
+        "import x\n\n\n@x.jit\ndef kernel(a):\n    return a\n\n\nclass C:\n"
+        "    def m(self):\n        return 1\n\n    def n(self):\n        pass\n"
+    )
     assert find_symbol(text, "kernel", "f.py") == "@x.jit\ndef kernel(a):\n    return a\n"
     assert find_symbol(text, "C.m", "f.py") == "def m(self):\n    return 1\n"
     with pytest.raises(BookError, match="f.py has no C.z"):

@@ -17,14 +17,14 @@ from stepslib import check, runner
 from stepslib.book import load_book
 from stepslib.warm import WarmGone, WarmPython
 
-SHOW = '''\
+SHOW = """\
 import json, os, random, sys
 print(json.dumps({"name": __name__, "argv": sys.argv, "path0": sys.path[0],
                   "in_path": os.environ.get("TOY_DIR", "") in sys.path, "cwd": os.getcwd(),
                   "env": os.environ.get("TOY_VALUE"), "random": random.random(),
                   "stdin": sys.stdin.read(), "preloaded": "decimal" in sys.modules}))
 print("to stderr", file=sys.stderr)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +43,15 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
 
 def _both(warm: WarmPython, argv: list[str], cwd: Path, env: dict[str, str]):
     forked = warm.run([sys.executable, *argv], cwd, env, 60)
-    fresh = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True,
-                           text=True, timeout=60, stdin=subprocess.DEVNULL)
+    fresh = subprocess.run(
+        [sys.executable, *argv],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
     return forked, fresh
 
 
@@ -63,7 +70,8 @@ def test_a_script_sees_what_a_new_process_sees(warm, tmp_path):
 def test_output_is_read_as_subprocess_reads_text(warm, tmp_path):
     """Universal newlines: a progress bar's \\r and a Windows line end come back as \\n."""
     (tmp_path / "lines.py").write_text(
-        "import sys\nsys.stdout.write('a\\r\\nb\\rc\\n')\nsys.stderr.write('é\\r')\n")
+        "import sys\nsys.stdout.write('a\\r\\nb\\rc\\n')\nsys.stderr.write('é\\r')\n"
+    )
     forked, fresh = _both(warm, ["lines.py"], tmp_path, _env(tmp_path))
     assert (forked.stdout, forked.stderr) == (fresh.stdout, fresh.stderr) == ("a\nb\nc\n", "é\n")
 
@@ -82,7 +90,8 @@ def test_a_server_that_dies_under_a_job_says_so_and_kills_the_job(tmp_path):
     assert server.usable()
     marker = tmp_path / "job.pid"
     (tmp_path / "waits.py").write_text(
-        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
     killer = threading.Thread(target=_kill_when_started, args=(server, marker), daemon=True)
     killer.start()
     with pytest.raises(WarmGone):
@@ -134,7 +143,8 @@ def test_a_job_can_spawn_processes_from_its_main(warm, tmp_path):
         "def square(x):\n    return x * x\n\n"
         "if __name__ == '__main__':\n"
         "    with mp.get_context('spawn').Pool(1) as pool:\n"
-        "        print(pool.map(square, [2, 3]))\n")
+        "        print(pool.map(square, [2, 3]))\n"
+    )
     forked = warm.run([sys.executable, "spawns.py"], tmp_path, _env(tmp_path), 120)
     assert (forked.returncode, forked.stdout) == (0, "[4, 9]\n"), forked.stderr
 
@@ -144,8 +154,9 @@ def test_jobs_of_several_threads_are_all_forked(tmp_path):
     server = WarmPython(runner.server_env(), ("decimal",))
     probe = ["-c", "import sys; print('decimal' in sys.modules)"]
     with ThreadPoolExecutor(3) as pool:
-        runs = list(pool.map(lambda _: runner.python(probe, tmp_path, _env(tmp_path), 60, server),
-                             range(3)))
+        runs = list(
+            pool.map(lambda _: runner.python(probe, tmp_path, _env(tmp_path), 60, server), range(3))
+        )
     server.close()
     assert [run.stdout for run in runs] == ["True\n"] * 3
 
@@ -156,7 +167,8 @@ def test_a_timeout_kills_the_job_and_what_it_started(warm, tmp_path):
         "import subprocess, sys, time\n"
         "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
         f"open({str(marker)!r}, 'w').write(str(child.pid))\n"
-        "time.sleep(600)\n")
+        "time.sleep(600)\n"
+    )
     with pytest.raises(subprocess.TimeoutExpired):
         warm.run([sys.executable, "hangs.py"], tmp_path, _env(tmp_path), 3)
     child = int(marker.read_text())
@@ -170,7 +182,8 @@ def test_closing_the_tool_kills_running_jobs(tmp_path):
     assert server.usable()
     marker = tmp_path / "job.pid"
     (tmp_path / "waits.py").write_text(
-        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n")
+        f"import os, time\nopen({str(marker)!r}, 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
     job = threading.Thread(target=_run_quietly, args=(server, tmp_path), daemon=True)
     job.start()
     for _ in range(600):  # bounded: at most 60 s for the job to start
@@ -209,7 +222,7 @@ def test_check_gives_the_same_verdicts_warm_and_cold(book):
     assert cold.stdout == warm.stdout and "passed" in warm.stdout
 
 
-KERNEL = '''\
+KERNEL = """\
 import os
 os.environ.setdefault("TRITON_INTERPRET", "1")  # as the book's conftest and mains choose
 import torch, triton, triton.language as tl
@@ -221,7 +234,7 @@ def row_max(x, out, n: tl.constexpr):
 x, out = torch.arange(8.0), torch.empty(1)
 row_max[(1,)](x, out, 8)
 print(out.item())
-'''
+"""
 
 
 @pytest.mark.skipif(runner.has_gpu(), reason="the interpreter is chosen only without a GPU")
@@ -262,10 +275,12 @@ def test_check_runs_the_longest_chapters_first_and_records_what_each_took(book):
     recorded = json.loads((book / ".steps-cache" / "seconds.json").read_text())
     assert sorted(recorded) == ["ch02", "ch03"] and all(s > 0 for s in recorded.values())
     (book / ".steps-cache" / "seconds.json").write_text(
-        json.dumps({"ch01": 50.0, "ch02": 1.0, "ch03": 9.0}))
+        json.dumps({"ch01": 50.0, "ch02": 1.0, "ch03": 9.0})
+    )
     recorded = check._seconds(load_book(book))
-    ordered = sorted(load_book(book).chapters, key=lambda c: check._expected_seconds(recorded, c),
-                     reverse=True)
+    ordered = sorted(
+        load_book(book).chapters, key=lambda c: check._expected_seconds(recorded, c), reverse=True
+    )
     assert [c.id for c in ordered] == ["ch01", "ch03", "ch02"]
 
 

@@ -15,10 +15,12 @@ def merge_rule(name: str, num_experts: int) -> tuple[str, list[str]] | None:
     if m := _EXPERT.fullmatch(name):
         experts = m[1]
         if m[3] == "down":
-            return f"{experts}.down_proj", [f"{experts}.{e}.down_proj.weight"
-                                            for e in range(num_experts)]
-        parts = [f"{experts}.{e}.{p}_proj.weight"
-                 for e in range(num_experts) for p in ("gate", "up")]  # expert by expert
+            return f"{experts}.down_proj", [
+                f"{experts}.{e}.down_proj.weight" for e in range(num_experts)
+            ]
+        parts = [
+            f"{experts}.{e}.{p}_proj.weight" for e in range(num_experts) for p in ("gate", "up")
+        ]  # expert by expert
         return f"{experts}.gate_up_proj", parts
     if m := _QKV.search(name):
         return f"{m[1]}.qkv_proj.{m[3]}", [f"{m[1]}.{p}_proj.{m[3]}" for p in "qkv"]

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 
-def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor) -> torch.Tensor:
+def top_k_top_p_filter(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """probs: [B, V]; top_k, top_p: [B] -> [B, V], the tokens each row leaves out set to 0."""
     sorted_probs, order = probs.sort(dim=-1, descending=True)
     rank = torch.arange(probs.shape[-1], device=probs.device)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import torch
 
 
-def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor) -> torch.Tensor:
+def top_k_top_p_filter(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """probs: [B, V]; top_k, top_p: [B] -> [B, V], one row at a time."""
-    return torch.stack([_filter_row(row, int(k), float(p))
-                        for row, k, p in zip(probs, top_k, top_p)])
+    return torch.stack(
+        [_filter_row(row, int(k), float(p)) for row, k, p in zip(probs, top_k, top_p)]
+    )
 
 
 def _filter_row(row: torch.Tensor, k: int, p: float) -> torch.Tensor:

@@ -15,9 +15,17 @@ def attend(q: list, k: list, v: list, num_cached: int) -> list:
     out = []
     for i, token in enumerate(q):
         visible = max(num_cached + i, 1)  # keys 0 .. its own position
-        out.append([_head(query, [k[j][h // group] for j in range(visible)],
-                          [v[j][h // group] for j in range(visible)], head_dim)
-                    for h, query in enumerate(token)])
+        out.append(
+            [
+                _head(
+                    query,
+                    [k[j][h // group] for j in range(visible)],
+                    [v[j][h // group] for j in range(visible)],
+                    head_dim,
+                )
+                for h, query in enumerate(token)
+            ]
+        )
     return out
 
 
@@ -26,5 +34,4 @@ def _head(query: list, keys: list, values: list, head_dim: int) -> list:
     top = max(scores)  # subtracted for a stable softmax
     weights = [math.exp(s - top) for s in scores]
     total = sum(weights)
-    return [sum(w * value[d] for w, value in zip(weights, values)) / total
-            for d in range(head_dim)]
+    return [sum(w * value[d] for w, value in zip(weights, values)) / total for d in range(head_dim)]

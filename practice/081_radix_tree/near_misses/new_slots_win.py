@@ -44,7 +44,7 @@ class RadixCache:
             node = node.parent
         start = 0
         for node in reversed(path):
-            node.value = list(slots[start:start + len(node.value)])
+            node.value = list(slots[start : start + len(node.value)])
             start += len(node.value)
 
     def edges(self) -> list[tuple[int, ...]]:

@@ -12,9 +12,14 @@ def _pages_to_finish(req: dict, page_size: int) -> int:
     return _div_ceil(last_cached, page_size) - _div_ceil(req["cached_len"], page_size)
 
 
-def schedule_prefill(waiting: list[dict], budget: int, available_pages: int,
-                     reserved_pages: int, free_rows: int, page_size: int
-                     ) -> list[tuple[int, int, int]]:
+def schedule_prefill(
+    waiting: list[dict],
+    budget: int,
+    available_pages: int,
+    reserved_pages: int,
+    free_rows: int,
+    page_size: int,
+) -> list[tuple[int, int, int]]:
     """The next prefill batch as (uid, start, end) chunks, in order of arrival."""
     reserved = reserved_pages
     chunks = []

@@ -20,14 +20,14 @@ class IncrementalDecoder:
         """The text that became final with new_ids ("" if none)."""
         self.ids.extend(new_ids)
         read_text = self.decode(self.ids)
-        surr_text = self.decode(self.ids[:self.read_offset])
-        new_text = read_text[len(surr_text):]  # what ids[read_offset:] add
+        surr_text = self.decode(self.ids[: self.read_offset])
+        new_text = read_text[len(surr_text) :]  # what ids[read_offset:] add
         if finished or (new_text and not new_text.endswith(REPLACEMENT)):
             self.text += new_text  # ends on a whole character: final
             self.surr_offset, self.read_offset = self.read_offset, len(self.ids)
             visible = self.text
         else:  # ends inside a character: what comes before it may go
             visible = self.text + new_text.rstrip(REPLACEMENT)
-        piece = visible[self.sent_offset:]
+        piece = visible[self.sent_offset :]
         self.sent_offset = len(visible)
         return piece

@@ -18,8 +18,11 @@ class StopCutter:
             return ""
         self.text += piece
         start = self.sent_offset
-        hits = [i for i in (self.text.find(s, len(self.text) - len(piece))
-                             for s in self.stops) if i >= 0]
+        hits = [
+            i
+            for i in (self.text.find(s, len(self.text) - len(piece)) for s in self.stops)
+            if i >= 0
+        ]
         if hits:  # nothing before start was held back, so no stop string begins there
             end = min(hits)
             self.stopped = True
@@ -32,5 +35,7 @@ class StopCutter:
 
     def _partial_stop_length(self) -> int:
         """The longest end of the text that begins a stop string (and is not all of it)."""
-        return max((k for s in self.stops for k in range(1, len(s))
-                    if self.text.endswith(s[:k])), default=0)
+        return max(
+            (k for s in self.stops for k in range(1, len(s)) if self.text.endswith(s[:k])),
+            default=0,
+        )

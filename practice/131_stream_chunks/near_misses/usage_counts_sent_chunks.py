@@ -9,8 +9,7 @@ def _chunk(text: str, reason: str | None, chat: bool) -> dict:
     return {"text": text, "finish_reason": reason}
 
 
-def stream_chunks(replies: list[dict], chat: bool, include_usage: bool,
-                  prompt_tokens: int) -> list:
+def stream_chunks(replies: list[dict], chat: bool, include_usage: bool, prompt_tokens: int) -> list:
     """The payloads of a streamed reply, in order, ending with "[DONE]"."""
     out: list = []
     if chat:
@@ -23,7 +22,13 @@ def stream_chunks(replies: list[dict], chat: bool, include_usage: bool,
         if reply["finished"]:
             break
     if include_usage:
-        out.append({"usage": {"prompt_tokens": prompt_tokens,
-                              "completion_tokens": completion_tokens,
-                              "total_tokens": prompt_tokens + completion_tokens}})
+        out.append(
+            {
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": prompt_tokens + completion_tokens,
+                }
+            }
+        )
     return out + ["[DONE]"]

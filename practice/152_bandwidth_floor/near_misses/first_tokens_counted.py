@@ -8,8 +8,13 @@ def decode_context_tokens(input_lens: list[int], output_lens: list[int]) -> int:
     return sum((o - 1) * i + (o - 1) * o // 2 for i, o in zip(input_lens, output_lens))
 
 
-def decode_floor(weight_bytes: int, kv_bytes_per_token: int, input_lens: list[int],
-                 output_lens: list[int], bytes_per_s: float) -> tuple[float, float]:
+def decode_floor(
+    weight_bytes: int,
+    kv_bytes_per_token: int,
+    input_lens: list[int],
+    output_lens: list[int],
+    bytes_per_s: float,
+) -> tuple[float, float]:
     """(the bandwidth floor of the workload's mean decode step in s, the output tokens/s it
     allows)."""
     steps = max(output_lens) - 1

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-def moe_align_block_size(topk_ids: list[list[int]], block_m: int,
-                         num_experts: int) -> tuple[list[int], list[int], int]:
+def moe_align_block_size(
+    topk_ids: list[list[int]], block_m: int, num_experts: int
+) -> tuple[list[int], list[int], int]:
     """The pair indices t * k + j grouped by expert (ascending), each group in pair order and
     padded with the placeholder T * k to a multiple of block_m; one expert id per tile of
     block_m entries; and the padded count."""
@@ -20,15 +21,21 @@ def moe_align_block_size(topk_ids: list[list[int]], block_m: int,
     return sorted_ids, expert_ids, len(sorted_ids)
 
 
-def grouped_gemm(x: list[list[float]], w: list[list[list[float]]], weights: list[list[float]],
-                 sorted_ids: list[int], expert_ids: list[int], block_m: int,
-                 top_k: int) -> list[list[float]]:
+def grouped_gemm(
+    x: list[list[float]],
+    w: list[list[list[float]]],
+    weights: list[list[float]],
+    sorted_ids: list[int],
+    expert_ids: list[int],
+    block_m: int,
+    top_k: int,
+) -> list[list[float]]:
     """out[t] = sum over the pairs (t, j) of weights[t][j] * (w[e] @ x[t]), where e is the expert
     of the tile that holds pair t * top_k + j; placeholders (>= T * top_k) are skipped."""
     num_pairs = len(x) * top_k
     out = [[0.0] * (len(w[0]) if w else 0) for _ in x]
     for tile, expert in enumerate(expert_ids):
-        for pair in sorted_ids[tile * block_m:(tile + 1) * block_m]:
+        for pair in sorted_ids[tile * block_m : (tile + 1) * block_m]:
             if pair >= num_pairs:  # padding: masked out, as the kernel's token_mask does
                 continue
             t, j = divmod(pair, top_k)

@@ -12,8 +12,9 @@ def max_tiles(num_pairs: int, num_experts: int, block_m: int) -> int:
     return -(-num_pairs // block_m) + used - 1
 
 
-def plan_tiles(block_counts: list[list[int]],
-               block_m: int) -> tuple[list[list[int]], list[int], int]:
+def plan_tiles(
+    block_counts: list[list[int]], block_m: int
+) -> tuple[list[list[int]], list[int], int]:
     """From each block's pair count per expert alone: (block_offsets, where block b's first pair
     of expert e goes; expert_ids, each tile's expert, -1 past the used tiles, max_tiles long;
     num_padded, the used slots)."""
@@ -32,14 +33,15 @@ def plan_tiles(block_counts: list[list[int]],
     return block_offsets, expert_ids, sum(tiles) * block_m
 
 
-def align(topk_ids: list[list[int]], num_experts: int, block_m: int,
-          block_t: int) -> tuple[list[int], list[int], int]:
+def align(
+    topk_ids: list[list[int]], num_experts: int, block_m: int, block_t: int
+) -> tuple[list[int], list[int], int]:
     """The pairs t * k + j sorted by expert, in pair order within an expert, each expert's run
     padded to whole tiles with the sentinel T * k, in buffers of max_tiles tiles: (sorted_ids,
     expert_ids, num_padded), by the kernels' three steps over blocks of block_t tokens."""
     flat = [e for row in topk_ids for e in row]
     pairs_per_block = block_t * len(topk_ids[0])
-    blocks = [flat[i:i + pairs_per_block] for i in range(0, len(flat), pairs_per_block)]
+    blocks = [flat[i : i + pairs_per_block] for i in range(0, len(flat), pairs_per_block)]
     block_counts = [[block.count(e) for e in range(num_experts)] for block in blocks]
     block_offsets, expert_ids, num_padded = plan_tiles(block_counts, block_m)
     sorted_ids = [len(flat)] * (len(expert_ids) * block_m)

@@ -14,8 +14,7 @@ def new_page_starts(spans: list[tuple[int, int, int]], page_size: int, width: in
     for row, cached_len, device_len in sorted(spans):
         # the page that holds position cached_len is already the row's unless it starts there
         first, last = cdiv(cached_len, page_size), cdiv(device_len, page_size)
-        starts += range(row * width + first * page_size, row * width + last * page_size,
-                        page_size)
+        starts += range(row * width + first * page_size, row * width + last * page_size, page_size)
     return starts
 
 

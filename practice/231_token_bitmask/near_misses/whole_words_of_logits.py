@@ -21,8 +21,10 @@ def apply_bitmask(logits: list[float], words: list[int]) -> list[float]:
     """A copy of `logits`, -inf where the token's bit is 0; the bits past len(logits) (the
     last word's padding) are not looked at."""
     if len(logits) != BITS * len(words):
-        raise ValueError(f"{len(logits)} logits, but the words hold the bits of only "
-                         f"{BITS * len(words)} tokens")
+        raise ValueError(
+            f"{len(logits)} logits, but the words hold the bits of only {BITS * len(words)} tokens"
+        )
     # Python's >> on a negative int shifts in ones, so bit 31 of a negative word reads 1
-    return [x if (words[t // BITS] >> (t % BITS)) & 1 else float("-inf")
-            for t, x in enumerate(logits)]
+    return [
+        x if (words[t // BITS] >> (t % BITS)) & 1 else float("-inf") for t, x in enumerate(logits)
+    ]

@@ -14,9 +14,13 @@ def accept_greedy(drafts: list[int], target_ids: list[int]) -> list[int]:
     return list(target_ids[: kept + 1])  # the last is the target's own, where a draft failed
 
 
-def accept_sampled(drafts: list[int], target_probs: list[list[float]],
-                   draft_probs: list[list[float]] | None, uniforms: list[float],
-                   draw: Callable[[list[float]], int]) -> list[int]:
+def accept_sampled(
+    drafts: list[int],
+    target_probs: list[list[float]],
+    draft_probs: list[list[float]] | None,
+    uniforms: list[float],
+    draw: Callable[[list[float]], int],
+) -> list[int]:
     """Draft i kept when uniforms[i] < p_i(x_i) / q_i(x_i); the first refused replaced by a
     draw from max(p_i - q_i, 0) renormalised; all kept, one more drawn from p_k."""
     run: list[int] = []
@@ -27,8 +31,7 @@ def accept_sampled(drafts: list[int], target_probs: list[list[float]],
             run.append(token)
             continue
         # refused means p(x) < q(x), so the leftover holds at least q(x) - p(x) > 0
-        leftover = list(p) if draft_probs is None else [max(pt - qt, 0.0)
-                                                        for pt, qt in zip(p, q)]
+        leftover = list(p) if draft_probs is None else [max(pt - qt, 0.0) for pt, qt in zip(p, q)]
         run.append(draw(normalised(leftover)))
         return run
     run.append(draw(list(target_probs[len(drafts)])))  # every draft kept: the bonus token

@@ -36,8 +36,9 @@ def auto_backend(device: torch.device) -> str:
     return "triton" if device.type == "cuda" and is_arch_supported(8, 0) else "torch"
 
 
-def create_attention_backend(name: str, config: ModelConfig,
-                             device: torch.device | str) -> BaseAttnBackend:
+def create_attention_backend(
+    name: str, config: ModelConfig, device: torch.device | str
+) -> BaseAttnBackend:
     """The backend ``name``; "auto" picks the best one for ``device``; "a,b" prefills with a and
     decodes with b."""
     device = torch.device(device)
@@ -47,10 +48,18 @@ def create_attention_backend(name: str, config: ModelConfig,
         if name.count(",") != 1:
             raise ValueError(f"attention backend {name!r}: give one name, or two as 'a,b'")
         prefill, decode = name.split(",")
-        return HybridAttnBackend(create_attention_backend(prefill, config, device),
-                                 create_attention_backend(decode, config, device))
+        return HybridAttnBackend(
+            create_attention_backend(prefill, config, device),
+            create_attention_backend(decode, config, device),
+        )
     return ATTENTION_BACKENDS.get(name)(config, device)
 
 
-__all__ = ["ATTENTION_BACKENDS", "BaseAttnBackend", "HybridAttnBackend", "TorchAttnBackend",
-           "auto_backend", "create_attention_backend"]
+__all__ = [
+    "ATTENTION_BACKENDS",
+    "BaseAttnBackend",
+    "HybridAttnBackend",
+    "TorchAttnBackend",
+    "auto_backend",
+    "create_attention_backend",
+]

@@ -23,8 +23,9 @@ class BaseAttnBackend(ABC):
     def prepare_metadata(self, batch: Batch) -> None: ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D], the batch's T new tokens -> [T, Hq, D]."""
 
     def init_graph_buffers(self, max_bs: int) -> None:

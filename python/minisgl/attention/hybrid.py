@@ -29,6 +29,7 @@ class HybridAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         self._for(batch).prepare_metadata(batch)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         return self._for(batch).forward(q, k, v, layer_id, batch)

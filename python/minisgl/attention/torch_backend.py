@@ -39,15 +39,17 @@ class TorchAttnBackend(BaseAttnBackend):
             kv_slots=[page_table[r.table_idx, : r.device_len].long() for r in batch.reqs],
         )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         kv_cache, meta = get_global_ctx().kv_cache, batch.attn_metadata
         assert kv_cache is not None and batch.out_loc is not None
         kv_cache.store_kv(k, v, batch.out_loc, layer_id)  # first: a token sees its own K, V
         k_cache, v_cache = kv_cache.k_cache(layer_id), kv_cache.v_cache(layer_id)
         outputs = [
             attend(q_req, k_cache[slots], v_cache[slots], cached)
-            for q_req, cached, slots in zip(q.split(meta.extend_lens), meta.cached_lens,
-                                            meta.kv_slots)
+            for q_req, cached, slots in zip(
+                q.split(meta.extend_lens), meta.cached_lens, meta.kv_slots
+            )
         ]
         return torch.cat(outputs)

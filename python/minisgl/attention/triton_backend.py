@@ -52,8 +52,9 @@ class TritonAttnBackend(BaseAttnBackend):
         graphs already captured reading the old."""
         if self._graph_lens is None or self._graph_lens.shape[1] < _aligned(max_bs):
             assert self._graph_lens is None, "graphs already read the smaller buffer"
-            self._graph_lens = torch.zeros(5, _aligned(max_bs), dtype=torch.int32,
-                                           device=self.device)
+            self._graph_lens = torch.zeros(
+                5, _aligned(max_bs), dtype=torch.int32, device=self.device
+            )
 
     def prepare_metadata(self, batch: Batch) -> None:
         """One host-to-device copy of the batch's lengths, made from the requests' own counts,
@@ -69,8 +70,11 @@ class TritonAttnBackend(BaseAttnBackend):
         rows = [r.table_idx for r in batch.reqs]
         seq = [c + e for c, e in zip(cached, extend)]
         pad = [0] * (_aligned(batch.size) - batch.size)
-        host = torch.tensor([x + pad for x in (rows, cached, extend, seq, starts)],
-                            dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        host = torch.tensor(
+            [x + pad for x in (rows, cached, extend, seq, starts)],
+            dtype=torch.int32,
+            pin_memory=self.device.type == "cuda",
+        )
         is_decode = not batch.is_extend and max(extend) == 1
         graphed = is_decode or batch.phase == "verify"  # the batches CUDA graphs may replay
         if graphed and self._graph_lens is not None and batch.size <= self._graph_lens.shape[1]:
@@ -80,22 +84,39 @@ class TritonAttnBackend(BaseAttnBackend):
             lens = host.to(self.device, non_blocking=True)
         lens = lens[:, : batch.size]
         batch.attn_metadata = TritonAttnMetadata(
-            rows=lens[0], cached_lens=lens[1], extend_lens=lens[2], seq_lens=lens[3],
-            q_starts=lens[4], max_extend_len=max(extend), is_decode=is_decode)
+            rows=lens[0],
+            cached_lens=lens[1],
+            extend_lens=lens[2],
+            seq_lens=lens[3],
+            q_starts=lens[4],
+            max_extend_len=max(extend),
+            is_decode=is_decode,
+        )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         ctx, meta = get_global_ctx(), batch.attn_metadata
         assert ctx.kv_cache is not None and ctx.page_table is not None
         assert batch.out_loc is not None
         k_cache, v_cache = ctx.kv_cache.k_cache(layer_id), ctx.kv_cache.v_cache(layer_id)
         store_kv(k_cache, v_cache, batch.out_loc, k, v)  # first: a token sees its own K, V
         if meta.is_decode:
-            return decode_attention(q, k_cache, v_cache, ctx.page_table, meta.rows,
-                                    meta.seq_lens, self.sm_scale)
-        return extend_attention(q, k_cache, v_cache, ctx.page_table, meta.rows, meta.cached_lens,
-                                meta.extend_lens, meta.q_starts, meta.max_extend_len,
-                                self.sm_scale)
+            return decode_attention(
+                q, k_cache, v_cache, ctx.page_table, meta.rows, meta.seq_lens, self.sm_scale
+            )
+        return extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            ctx.page_table,
+            meta.rows,
+            meta.cached_lens,
+            meta.extend_lens,
+            meta.q_starts,
+            meta.max_extend_len,
+            self.sm_scale,
+        )
 
 
 def _aligned(n: int) -> int:

@@ -28,8 +28,13 @@ def init_distributed(rank: int, size: int, init_addr: str, device: str) -> None:
     on_gpu = resolve_device(device).type == "cuda"
     if on_gpu:
         torch.cuda.set_device(rank)  # one GPU per rank: "cuda" means this rank's from now on
-    dist.init_process_group("nccl" if on_gpu else "gloo", init_method=init_addr, rank=rank,
-                            world_size=size, timeout=TIMEOUT)
+    dist.init_process_group(
+        "nccl" if on_gpu else "gloo",
+        init_method=init_addr,
+        rank=rank,
+        world_size=size,
+        timeout=TIMEOUT,
+    )
     _cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     set_tp_info(rank, size)
 

@@ -35,14 +35,20 @@ class FusedSampler(Sampler):
         if all(seed is None for seed in args.row_seeds):
             return seeds
         # one copy from pinned memory, which does not wait for the forward queued before it
-        own = torch.tensor([[0 if s is None else s for s in args.row_seeds],
-                            [s is not None for s in args.row_seeds]], dtype=torch.int64,
-                           pin_memory=self.device.type == "cuda").to(self.device, non_blocking=True)
+        own = torch.tensor(
+            [
+                [0 if s is None else s for s in args.row_seeds],
+                [s is not None for s in args.row_seeds],
+            ],
+            dtype=torch.int64,
+            pin_memory=self.device.type == "cuda",
+        ).to(self.device, non_blocking=True)
         return torch.where(own[1].bool(), own[0], seeds)
 
     @staticmethod
-    def _filtered(logits: torch.Tensor,
-                  args: BatchSamplingArgs) -> tuple[torch.Tensor, torch.Tensor]:
+    def _filtered(
+        logits: torch.Tensor, args: BatchSamplingArgs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows with top-k or top-p through the torch filter: their logits become the log
         of the kept probabilities (-inf where dropped) at temperature 1; the other rows stay."""
         rows = ((args.top_k > 0) | (args.top_p < 1.0)) & ~args.greedy
@@ -52,4 +58,3 @@ class FusedSampler(Sampler):
         logits = logits.to(torch.float32, copy=True)  # the caller's logits stay as they were
         logits[rows] = kept.log()
         return logits, args.temperatures.index_fill(0, rows, 1.0)
-

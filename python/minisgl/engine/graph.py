@@ -50,8 +50,15 @@ class GraphRunner:
     With ``width`` > 1 its batches are verify batches of ``width`` tokens a request (chapter
     24), and its dummy request brings that many."""
 
-    def __init__(self, model: BaseLLMModel, attn_backend: BaseAttnBackend, dummy_req: Req,
-                 max_bs: int, device: torch.device, width: int = 1):
+    def __init__(
+        self,
+        model: BaseLLMModel,
+        attn_backend: BaseAttnBackend,
+        dummy_req: Req,
+        max_bs: int,
+        device: torch.device,
+        width: int = 1,
+    ):
         self.model, self.attn_backend, self.dummy_req = model, attn_backend, dummy_req
         self.sizes = graph_batch_sizes(max_bs)
         self.device, self.width = device, width

@@ -23,16 +23,20 @@ class BatchSamplingArgs:
     row_seeds: List[int | None] = field(default_factory=list)  # per row: its own draw's seed
 
     @classmethod
-    def from_params(cls, params: Sequence[SamplingParams],
-                    device: str | torch.device = "cpu") -> BatchSamplingArgs:
+    def from_params(
+        cls, params: Sequence[SamplingParams], device: str | torch.device = "cpu"
+    ) -> BatchSamplingArgs:
         greedy = [p.is_greedy for p in params]
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_k, top_p = [p.top_k for p in params], [p.top_p for p in params]
         # one host-to-device copy, not four: each costs tens of microseconds on a GPU
         # pinned on a GPU: from pageable memory the copy may wait for the forward queued
         # before it, the very work overlap scheduling runs the host beside
-        rows = torch.tensor([temperatures, top_k, top_p, greedy], dtype=torch.float64,
-                            pin_memory=torch.device(device).type == "cuda")
+        rows = torch.tensor(
+            [temperatures, top_k, top_p, greedy],
+            dtype=torch.float64,
+            pin_memory=torch.device(device).type == "cuda",
+        )
         rows = rows.to(device, non_blocking=True)
         return cls(
             temperatures=rows[0].float(),
@@ -44,8 +48,9 @@ class BatchSamplingArgs:
         )
 
 
-def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor) -> torch.Tensor:
+def top_k_top_p_filter(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Zero, row by row, the tokens that top-k or top-p leaves out (the rest not renormalized).
 
     probs: [B, V]; top_k, top_p: [B]. In the order of decreasing probability, token i is kept when

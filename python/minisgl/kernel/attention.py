@@ -27,23 +27,44 @@ EXTEND_TILES = {
 
 
 @triton.jit
-def _attend_block(q, m_i, l_i, acc, k_head, v_head, slots, key_mask, visible, qk_scale,
-                  stride_k_slot, stride_v_slot, offs_d, mask_d, PRECISION: tl.constexpr):
+def _attend_block(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_head,
+    v_head,
+    slots,
+    key_mask,
+    visible,
+    qk_scale,
+    stride_k_slot,
+    stride_v_slot,
+    offs_d,
+    mask_d,
+    PRECISION: tl.constexpr,
+):
     """Fold one block of keys into the running (online) softmax of a block of queries.
 
     q: [M, BLOCK_D]; m_i, l_i: [M] running max (base 2) and sum of exponentials; acc: [M, BLOCK_D]
     the unnormalised output; slots: [N] the keys' KV slots; key_mask: [N] which keys exist;
     visible: [M, N] which query sees which key. k_head, v_head point at the KV head in slot 0.
     """
-    k = tl.load(k_head + slots[None, :] * stride_k_slot + offs_d[:, None],
-                mask=key_mask[None, :] & mask_d[:, None], other=0.0)  # [BLOCK_D, N]
+    k = tl.load(
+        k_head + slots[None, :] * stride_k_slot + offs_d[:, None],
+        mask=key_mask[None, :] & mask_d[:, None],
+        other=0.0,
+    )  # [BLOCK_D, N]
     scores = tl.dot(q, k, input_precision=PRECISION) * qk_scale  # [M, N]
     scores = tl.where(visible, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
     alpha = tl.exp2(m_i - m_new)  # rescales what was summed under the old max
     p = tl.exp2(scores - m_new[:, None])
-    v = tl.load(v_head + slots[:, None] * stride_v_slot + offs_d[None, :],
-                mask=key_mask[:, None] & mask_d[None, :], other=0.0)  # [N, BLOCK_D]
+    v = tl.load(
+        v_head + slots[:, None] * stride_v_slot + offs_d[None, :],
+        mask=key_mask[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [N, BLOCK_D]
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i * alpha + tl.sum(p, 1), acc
 
@@ -62,12 +83,34 @@ def _split_len(seq_len, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
 # mid_lse[b, heads, s]; an empty split writes nothing, and stage 2 skips it.
 @triton.jit
 def _decode_split_kernel(
-    q, k_cache, v_cache, page_table, rows, seq_lens, mid_o, mid_lse, qk_scale,
-    stride_q_req, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
-    stride_pt_row, stride_mo_req, stride_mo_head, stride_mo_split, stride_ml_req, stride_ml_head,
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    rows,
+    seq_lens,
+    mid_o,
+    mid_lse,
+    qk_scale,
+    stride_q_req,
+    stride_q_head,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_slot,
+    stride_v_head,
+    stride_pt_row,
+    stride_mo_req,
+    stride_mo_head,
+    stride_mo_split,
+    stride_ml_req,
+    stride_ml_head,
     head_dim,
-    GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens + b)
@@ -82,8 +125,11 @@ def _decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
     mask_hd = mask_h[:, None] & mask_d[None, :]
-    q_blk = tl.load(q + b * stride_q_req + heads[:, None] * stride_q_head + offs_d[None, :],
-                    mask=mask_hd, other=0.0)
+    q_blk = tl.load(
+        q + b * stride_q_req + heads[:, None] * stride_q_head + offs_d[None, :],
+        mask=mask_hd,
+        other=0.0,
+    )
     k_head, v_head = k_cache + kv_head * stride_k_head, v_cache + kv_head * stride_v_head
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -92,9 +138,23 @@ def _decode_split_kernel(
         offs_n = n + tl.arange(0, BLOCK_N)
         key_mask = offs_n < end
         slots = tl.load(table + offs_n, mask=key_mask, other=0).to(tl.int64)
-        m_i, l_i, acc = _attend_block(q_blk, m_i, l_i, acc, k_head, v_head, slots, key_mask,
-                                      key_mask[None, :], qk_scale, stride_k_slot, stride_v_slot,
-                                      offs_d, mask_d, PRECISION)
+        m_i, l_i, acc = _attend_block(
+            q_blk,
+            m_i,
+            l_i,
+            acc,
+            k_head,
+            v_head,
+            slots,
+            key_mask,
+            key_mask[None, :],
+            qk_scale,
+            stride_k_slot,
+            stride_v_slot,
+            offs_d,
+            mask_d,
+            PRECISION,
+        )
     mid = b * stride_mo_req + heads * stride_mo_head + split * stride_mo_split
     tl.store(mid_o + mid[:, None] + offs_d[None, :], acc / l_i[:, None], mask=mask_hd)
     lse = b * stride_ml_req + heads * stride_ml_head + split
@@ -105,10 +165,21 @@ def _decode_split_kernel(
 # outputs, each weighted by exp2(its lse - the largest lse), into o[b, h].
 @triton.jit
 def _decode_combine_kernel(
-    mid_o, mid_lse, o, seq_lens,
-    stride_mo_req, stride_mo_head, stride_mo_split, stride_ml_req, stride_ml_head,
-    stride_o_req, stride_o_head, head_dim,
-    NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    mid_o,
+    mid_lse,
+    o,
+    seq_lens,
+    stride_mo_req,
+    stride_mo_head,
+    stride_mo_split,
+    stride_ml_req,
+    stride_ml_head,
+    stride_o_req,
+    stride_o_head,
+    head_dim,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     b, h = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens + b)
@@ -121,16 +192,20 @@ def _decode_combine_kernel(
     for split in range(NUM_SPLITS):
         if split * split_len < seq_len:  # the same test as stage 1's: skip empty splits
             lse = tl.load(mid_lse + b * stride_ml_req + h * stride_ml_head + split)
-            part = tl.load(mid_o + b * stride_mo_req + h * stride_mo_head
-                           + split * stride_mo_split + offs_d, mask=mask_d, other=0.0)
+            part = tl.load(
+                mid_o + b * stride_mo_req + h * stride_mo_head + split * stride_mo_split + offs_d,
+                mask=mask_d,
+                other=0.0,
+            )
             m_new = tl.maximum(m, lse)
             alpha, weight = tl.exp2(m - m_new), tl.exp2(lse - m_new)
             acc = acc * alpha + part * weight
             total = total * alpha + weight
             m = m_new
     out = acc / total
-    tl.store(o + b * stride_o_req + h * stride_o_head + offs_d, out.to(o.dtype.element_ty),
-             mask=mask_d)
+    tl.store(
+        o + b * stride_o_req + h * stride_o_head + offs_d, out.to(o.dtype.element_ty), mask=mask_d
+    )
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -161,9 +236,16 @@ def head_block(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     page_table: torch.Tensor, rows: torch.Tensor, seq_lens: torch.Tensor,
-                     sm_scale: float, num_kv_splits: int | None = None) -> torch.Tensor:
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    rows: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    num_kv_splits: int | None = None,
+) -> torch.Tensor:
     """Each request's one new token attends over all its tokens; its K and V are already stored.
 
     q: [B, Hq, D]; k_cache, v_cache: [num_slots, Hkv, D]; page_table: [rows, width] int32;
@@ -183,18 +265,51 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     mid_lse = q.new_empty((batch, num_qo_heads, num_kv_splits), dtype=torch.float32)
     o = q.new_empty(q.shape)
     _decode_split_kernel[(batch, num_kv_heads, num_kv_splits)](
-        q, k_cache, v_cache, page_table, rows, seq_lens, mid_o, mid_lse, sm_scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), page_table.stride(0),
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        head_dim, GROUP=group, NUM_SPLITS=num_kv_splits, BLOCK_H=block_h, BLOCK_D=block_d,
-        PRECISION=_precision(q.dtype), **tiles,
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        rows,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        sm_scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        page_table.stride(0),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        head_dim,
+        GROUP=group,
+        NUM_SPLITS=num_kv_splits,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
+        PRECISION=_precision(q.dtype),
+        **tiles,
     )
     _decode_combine_kernel[(batch, num_qo_heads)](
-        mid_o, mid_lse, o, seq_lens,
-        mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        o.stride(0), o.stride(1), head_dim,
-        NUM_SPLITS=num_kv_splits, BLOCK_N=tiles["BLOCK_N"], BLOCK_D=block_d,
+        mid_o,
+        mid_lse,
+        o,
+        seq_lens,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
+        head_dim,
+        NUM_SPLITS=num_kv_splits,
+        BLOCK_N=tiles["BLOCK_N"],
+        BLOCK_D=block_d,
     )
     return o
 
@@ -205,10 +320,30 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 # to the block's last one, with the causal mask. Both read the keys through the page table.
 @triton.jit
 def _extend_kernel(
-    q, k_cache, v_cache, o, page_table, rows, cached_lens, extend_lens, q_starts, qk_scale,
-    stride_q_tok, stride_q_head, stride_k_slot, stride_k_head, stride_v_slot, stride_v_head,
-    stride_o_tok, stride_o_head, stride_pt_row, head_dim,
-    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    q,
+    k_cache,
+    v_cache,
+    o,
+    page_table,
+    rows,
+    cached_lens,
+    extend_lens,
+    q_starts,
+    qk_scale,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_slot,
+    stride_k_head,
+    stride_v_slot,
+    stride_v_head,
+    stride_o_tok,
+    stride_o_head,
+    stride_pt_row,
+    head_dim,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     b, h = tl.program_id(0), tl.program_id(1)
@@ -223,8 +358,11 @@ def _extend_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < head_dim
     q_rows = tl.load(q_starts + b) + offs_m
-    q_blk = tl.load(q + q_rows[:, None] * stride_q_tok + h * stride_q_head + offs_d[None, :],
-                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+    q_blk = tl.load(
+        q + q_rows[:, None] * stride_q_tok + h * stride_q_head + offs_d[None, :],
+        mask=mask_m[:, None] & mask_d[None, :],
+        other=0.0,
+    )
     kv_head = h // GROUP
     k_head, v_head = k_cache + kv_head * stride_k_head, v_cache + kv_head * stride_v_head
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -234,27 +372,66 @@ def _extend_kernel(
         offs_n = n + tl.arange(0, BLOCK_N)
         key_mask = offs_n < cached_len
         slots = tl.load(table + offs_n, mask=key_mask, other=0).to(tl.int64)
-        m_i, l_i, acc = _attend_block(q_blk, m_i, l_i, acc, k_head, v_head, slots, key_mask,
-                                      key_mask[None, :], qk_scale, stride_k_slot, stride_v_slot,
-                                      offs_d, mask_d, PRECISION)
+        m_i, l_i, acc = _attend_block(
+            q_blk,
+            m_i,
+            l_i,
+            acc,
+            k_head,
+            v_head,
+            slots,
+            key_mask,
+            key_mask[None, :],
+            qk_scale,
+            stride_k_slot,
+            stride_v_slot,
+            offs_d,
+            mask_d,
+            PRECISION,
+        )
     causal_end = tl.minimum((block + 1) * BLOCK_M, extend_len)  # later keys are all masked
     for n in range(0, causal_end, BLOCK_N):  # part 2: the new tokens, key j seen by queries >= j
         offs_n = n + tl.arange(0, BLOCK_N)
         key_mask = offs_n < causal_end
         slots = tl.load(table + cached_len + offs_n, mask=key_mask, other=0).to(tl.int64)
         visible = key_mask[None, :] & (offs_n[None, :] <= offs_m[:, None])
-        m_i, l_i, acc = _attend_block(q_blk, m_i, l_i, acc, k_head, v_head, slots, key_mask,
-                                      visible, qk_scale, stride_k_slot, stride_v_slot,
-                                      offs_d, mask_d, PRECISION)
+        m_i, l_i, acc = _attend_block(
+            q_blk,
+            m_i,
+            l_i,
+            acc,
+            k_head,
+            v_head,
+            slots,
+            key_mask,
+            visible,
+            qk_scale,
+            stride_k_slot,
+            stride_v_slot,
+            offs_d,
+            mask_d,
+            PRECISION,
+        )
     out = acc / l_i[:, None]
-    tl.store(o + q_rows[:, None] * stride_o_tok + h * stride_o_head + offs_d[None, :],
-             out.to(o.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+    tl.store(
+        o + q_rows[:, None] * stride_o_tok + h * stride_o_head + offs_d[None, :],
+        out.to(o.dtype.element_ty),
+        mask=mask_m[:, None] & mask_d[None, :],
+    )
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     page_table: torch.Tensor, rows: torch.Tensor, cached_lens: torch.Tensor,
-                     extend_lens: torch.Tensor, q_starts: torch.Tensor, max_extend_len: int,
-                     sm_scale: float) -> torch.Tensor:
+def extend_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    rows: torch.Tensor,
+    cached_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_starts: torch.Tensor,
+    max_extend_len: int,
+    sm_scale: float,
+) -> torch.Tensor:
     """The batch's new tokens attend over their requests' cached prefixes and, causally, each other.
 
     q: [T, Hq, D], request after request, request b's extend_lens[b] tokens from row q_starts[b];
@@ -271,11 +448,29 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if num_tokens == 0 or max_extend_len == 0:
         return o
     _extend_kernel[grid](
-        q, k_cache, v_cache, o, page_table, rows, cached_lens, extend_lens, q_starts,
+        q,
+        k_cache,
+        v_cache,
+        o,
+        page_table,
+        rows,
+        cached_lens,
+        extend_lens,
+        q_starts,
         sm_scale * LOG2E,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
-        v_cache.stride(0), v_cache.stride(1), o.stride(0), o.stride(1), page_table.stride(0),
-        head_dim, GROUP=num_qo_heads // num_kv_heads, BLOCK_D=head_block(head_dim),
-        PRECISION=_precision(q.dtype), **tiles,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        o.stride(0),
+        o.stride(1),
+        page_table.stride(0),
+        head_dim,
+        GROUP=num_qo_heads // num_kv_heads,
+        BLOCK_D=head_block(head_dim),
+        PRECISION=_precision(q.dtype),
+        **tiles,
     )
     return o

@@ -40,9 +40,24 @@ def _tile_of(pid, num_pid_m, num_pid_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs, inter,
-                  hidden, stride_xm, stride_hm, TOP_K: tl.constexpr, ROWS: tl.constexpr,
-                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _gate_up_rows(
+    x_ptr,
+    w1_desc,
+    h_ptr,
+    sorted_ids_ptr,
+    first,
+    expert,
+    pid_n,
+    num_pairs,
+    inter,
+    hidden,
+    stride_xm,
+    stride_hm,
+    TOP_K: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """h for the ROWS slots from ``first`` (all of one expert) and BLOCK_N columns: each step
     gathers ROWS token rows of x and takes the expert's gate and up blocks [BLOCK_N, BLOCK_K]
     from w1's descriptor (rows e * 2I + n and e * 2I + I + n), two products, one store."""
@@ -76,10 +91,24 @@ def _padding_from(sorted_ids_ptr, slot, num_pairs, CHECK: tl.constexpr):
 
 @triton.jit
 def _gate_up_silu_kernel(
-    x_ptr, w1_desc, h_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
-    num_pairs, inter, hidden, num_pid_m, stride_xm, stride_hm,
-    TOP_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, TAIL_SPLIT: tl.constexpr,
+    x_ptr,
+    w1_desc,
+    h_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    num_pairs,
+    inter,
+    hidden,
+    num_pid_m,
+    stride_xm,
+    stride_hm,
+    TOP_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    TAIL_SPLIT: tl.constexpr,
 ):
     """h[slot, n] = silu(gate) * up for BLOCK_M sorted slots and BLOCK_N intermediate columns.
     A tile whose pairs fit in its first quarter (TAIL_SPLIT 4) or half (2 or 4) computes those
@@ -90,20 +119,82 @@ def _gate_up_silu_kernel(
         return  # a tile the worst case needed and this routing did not
     expert = tl.load(expert_ids_ptr + pid_m)
     if _padding_from(sorted_ids_ptr, first + BLOCK_M // 4, num_pairs, TAIL_SPLIT >= 4):
-        _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
-                      inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M // 4, BLOCK_N, BLOCK_K)
+        _gate_up_rows(
+            x_ptr,
+            w1_desc,
+            h_ptr,
+            sorted_ids_ptr,
+            first,
+            expert,
+            pid_n,
+            num_pairs,
+            inter,
+            hidden,
+            stride_xm,
+            stride_hm,
+            TOP_K,
+            BLOCK_M // 4,
+            BLOCK_N,
+            BLOCK_K,
+        )
     elif _padding_from(sorted_ids_ptr, first + BLOCK_M // 2, num_pairs, TAIL_SPLIT >= 2):
-        _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
-                      inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+        _gate_up_rows(
+            x_ptr,
+            w1_desc,
+            h_ptr,
+            sorted_ids_ptr,
+            first,
+            expert,
+            pid_n,
+            num_pairs,
+            inter,
+            hidden,
+            stride_xm,
+            stride_hm,
+            TOP_K,
+            BLOCK_M // 2,
+            BLOCK_N,
+            BLOCK_K,
+        )
     else:
-        _gate_up_rows(x_ptr, w1_desc, h_ptr, sorted_ids_ptr, first, expert, pid_n, num_pairs,
-                      inter, hidden, stride_xm, stride_hm, TOP_K, BLOCK_M, BLOCK_N, BLOCK_K)
+        _gate_up_rows(
+            x_ptr,
+            w1_desc,
+            h_ptr,
+            sorted_ids_ptr,
+            first,
+            expert,
+            pid_n,
+            num_pairs,
+            inter,
+            hidden,
+            stride_xm,
+            stride_hm,
+            TOP_K,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
 
 
 @triton.jit
-def _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
-               num_pairs, hidden, inter, stride_ym, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
-               BLOCK_K: tl.constexpr):
+def _down_rows(
+    h_desc,
+    w2_desc,
+    y_ptr,
+    weights_ptr,
+    sorted_ids_ptr,
+    first,
+    expert,
+    pid_n,
+    num_pairs,
+    hidden,
+    inter,
+    stride_ym,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """y for the pairs of the ROWS slots from ``first`` and BLOCK_N columns: h's rows are
     contiguous, so both operands come through descriptors."""
     # the pairs are loaded before the loop, so the load's latency hides behind the products
@@ -122,9 +213,24 @@ def _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, exper
 
 @triton.jit
 def _down_kernel(
-    h_desc, h_half_desc, h_quarter_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr,
-    expert_ids_ptr, num_padded_ptr, num_pairs, hidden, inter, num_pid_m, stride_ym,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    h_desc,
+    h_half_desc,
+    h_quarter_desc,
+    w2_desc,
+    y_ptr,
+    weights_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    num_pairs,
+    hidden,
+    inter,
+    num_pid_m,
+    stride_ym,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     TAIL_SPLIT: tl.constexpr,
 ):
     """y[pair, n] = weight[pair] * h[slot] @ w2[expert, n]: h's rows are read in slot order,
@@ -136,19 +242,71 @@ def _down_kernel(
         return
     expert = tl.load(expert_ids_ptr + pid_m)
     if _padding_from(sorted_ids_ptr, first + BLOCK_M // 4, num_pairs, TAIL_SPLIT >= 4):
-        _down_rows(h_quarter_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert,
-                   pid_n, num_pairs, hidden, inter, stride_ym, BLOCK_M // 4, BLOCK_N, BLOCK_K)
+        _down_rows(
+            h_quarter_desc,
+            w2_desc,
+            y_ptr,
+            weights_ptr,
+            sorted_ids_ptr,
+            first,
+            expert,
+            pid_n,
+            num_pairs,
+            hidden,
+            inter,
+            stride_ym,
+            BLOCK_M // 4,
+            BLOCK_N,
+            BLOCK_K,
+        )
     elif _padding_from(sorted_ids_ptr, first + BLOCK_M // 2, num_pairs, TAIL_SPLIT >= 2):
-        _down_rows(h_half_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert,
-                   pid_n, num_pairs, hidden, inter, stride_ym, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+        _down_rows(
+            h_half_desc,
+            w2_desc,
+            y_ptr,
+            weights_ptr,
+            sorted_ids_ptr,
+            first,
+            expert,
+            pid_n,
+            num_pairs,
+            hidden,
+            inter,
+            stride_ym,
+            BLOCK_M // 2,
+            BLOCK_N,
+            BLOCK_K,
+        )
     else:
-        _down_rows(h_desc, w2_desc, y_ptr, weights_ptr, sorted_ids_ptr, first, expert, pid_n,
-                   num_pairs, hidden, inter, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K)
+        _down_rows(
+            h_desc,
+            w2_desc,
+            y_ptr,
+            weights_ptr,
+            sorted_ids_ptr,
+            first,
+            expert,
+            pid_n,
+            num_pairs,
+            hidden,
+            inter,
+            stride_ym,
+            BLOCK_M,
+            BLOCK_N,
+            BLOCK_K,
+        )
 
 
 @triton.jit
-def _sum_choices_kernel(y_ptr, out_ptr, num_tokens, hidden, TOP_K: tl.constexpr,
-                        BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr):
+def _sum_choices_kernel(
+    y_ptr,
+    out_ptr,
+    num_tokens,
+    hidden,
+    TOP_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
     """out[t, n] = sum over j of y[t * k + j, n] for BLOCK_T tokens and BLOCK_H columns: the
     k loads are independent, so all are in flight at once."""
     tokens = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
@@ -158,22 +316,34 @@ def _sum_choices_kernel(y_ptr, out_ptr, num_tokens, hidden, TOP_K: tl.constexpr,
     for j in tl.static_range(TOP_K):
         rows = tokens * TOP_K + j
         acc += tl.load(y_ptr + rows[:, None] * hidden + cols[None, :], mask=ok).to(tl.float32)
-    tl.store(out_ptr + tokens[:, None] * hidden + cols[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(
+        out_ptr + tokens[:, None] * hidden + cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=ok,
+    )
 
 
-def _launch_options(config: Dict[str, int], sorted_ids: torch.Tensor,
-                    expert_ids: torch.Tensor) -> Dict[str, Any]:
+def _launch_options(
+    config: Dict[str, int], sorted_ids: torch.Tensor, expert_ids: torch.Tensor
+) -> Dict[str, Any]:
     """The kernel's tile sizes: BLOCK_M is the alignment's (slots per tile), the rest config's.
     TAIL_SPLIT (optional: 1, the default, 2 or 4) needs BLOCK_M / TAIL_SPLIT of at least 16,
     tl.dot's fewest rows."""
     block_m, split = sorted_ids.numel() // expert_ids.numel(), config.get("TAIL_SPLIT", 1)
     if split not in (1, 2, 4) or (split > 1 and block_m // split < 16):
-        raise ValueError(f"TAIL_SPLIT is 1, 2 or 4, with BLOCK_M / TAIL_SPLIT >= 16 (tl.dot's "
-                         f"fewest rows); got {split} with BLOCK_M {block_m}")
-    return dict(BLOCK_M=block_m, BLOCK_N=config["BLOCK_N"], BLOCK_K=config["BLOCK_K"],
-                GROUP_M=config["GROUP_M"], TAIL_SPLIT=split,
-                num_warps=config["num_warps"], num_stages=config["num_stages"])
+        raise ValueError(
+            f"TAIL_SPLIT is 1, 2 or 4, with BLOCK_M / TAIL_SPLIT >= 16 (tl.dot's "
+            f"fewest rows); got {split} with BLOCK_M {block_m}"
+        )
+    return dict(
+        BLOCK_M=block_m,
+        BLOCK_N=config["BLOCK_N"],
+        BLOCK_K=config["BLOCK_K"],
+        GROUP_M=config["GROUP_M"],
+        TAIL_SPLIT=split,
+        num_warps=config["num_warps"],
+        num_stages=config["num_stages"],
+    )
 
 
 def _blocks_of(t: torch.Tensor, block_rows: int, block_k: int) -> TensorDescriptor:
@@ -181,14 +351,23 @@ def _blocks_of(t: torch.Tensor, block_rows: int, block_k: int) -> TensorDescript
     [E * 2I, H]), read in blocks of [block_rows, block_k]; reads past an edge give zeros."""
     cols = t.shape[-1]
     if not t.is_contiguous() or (cols * t.element_size()) % 16:
-        raise ValueError(f"a descriptor needs contiguous rows of a multiple of 16 bytes; got "
-                         f"{cols} {t.dtype} values")
+        raise ValueError(
+            f"a descriptor needs contiguous rows of a multiple of 16 bytes; got "
+            f"{cols} {t.dtype} values"
+        )
     return TensorDescriptor(t, [t.numel() // cols, cols], [cols, 1], [block_rows, block_k])
 
 
-def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids: torch.Tensor,
-                 expert_ids: torch.Tensor, num_padded: torch.Tensor, topk: int,
-                 config: Dict[str, int]) -> None:
+def gate_up_silu(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    h: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_padded: torch.Tensor,
+    topk: int,
+    config: Dict[str, int],
+) -> None:
     """h [slots, I] = silu(x @ gate.T) * (x @ up.T), each slot's token and expert; x [T, H],
     w1 [E, 2I, H] (gate rows, then up rows); all contiguous. config: BLOCK_N, BLOCK_K, GROUP_M,
     num_warps, num_stages and optionally TAIL_SPLIT."""
@@ -197,14 +376,33 @@ def gate_up_silu(x: torch.Tensor, w1: torch.Tensor, h: torch.Tensor, sorted_ids:
     w1_desc = _blocks_of(w1, config["BLOCK_N"], config["BLOCK_K"])
     grid = (num_pid_m * triton.cdiv(two_inter // 2, config["BLOCK_N"]),)
     _gate_up_silu_kernel[grid](
-        x, w1_desc, h, sorted_ids, expert_ids, num_padded, x.shape[0] * topk, two_inter // 2,
-        hidden, num_pid_m, x.stride(0), h.stride(0),
-        TOP_K=topk, **_launch_options(config, sorted_ids, expert_ids))
+        x,
+        w1_desc,
+        h,
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        x.shape[0] * topk,
+        two_inter // 2,
+        hidden,
+        num_pid_m,
+        x.stride(0),
+        h.stride(0),
+        TOP_K=topk,
+        **_launch_options(config, sorted_ids, expert_ids),
+    )
 
 
-def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tensor,
-         sorted_ids: torch.Tensor, expert_ids: torch.Tensor, num_padded: torch.Tensor,
-         config: Dict[str, int]) -> None:
+def down(
+    h: torch.Tensor,
+    w2: torch.Tensor,
+    y: torch.Tensor,
+    weights: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    expert_ids: torch.Tensor,
+    num_padded: torch.Tensor,
+    config: Dict[str, int],
+) -> None:
     """y [pairs, H] = weight * h[slot] @ w2[expert].T for every pair; h [slots, I], w2 [E, H, I]
     contiguous, weights [pairs] fp32."""
     hidden, inter = w2.shape[1:]
@@ -217,8 +415,18 @@ def down(h: torch.Tensor, w2: torch.Tensor, y: torch.Tensor, weights: torch.Tens
         _blocks_of(h, max(block_m // 2, 1), block_k),
         _blocks_of(h, max(block_m // 4, 1), block_k),
         _blocks_of(w2, config["BLOCK_N"], block_k),
-        y, weights, sorted_ids, expert_ids, num_padded, y.shape[0], hidden, inter, num_pid_m,
-        y.stride(0), **options)
+        y,
+        weights,
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        y.shape[0],
+        hidden,
+        inter,
+        num_pid_m,
+        y.stride(0),
+        **options,
+    )
 
 
 def sum_choices(y: torch.Tensor, topk: int) -> torch.Tensor:
@@ -227,6 +435,14 @@ def sum_choices(y: torch.Tensor, topk: int) -> torch.Tensor:
     num_tokens, hidden = y.shape[0] // topk, y.shape[1]
     out = y.new_empty(num_tokens, hidden)
     grid = (triton.cdiv(num_tokens, SUM_BLOCK_T), triton.cdiv(hidden, SUM_BLOCK_H))
-    _sum_choices_kernel[grid](y, out, num_tokens, hidden, TOP_K=topk, BLOCK_T=SUM_BLOCK_T,
-                              BLOCK_H=SUM_BLOCK_H, num_warps=SUM_WARPS)
+    _sum_choices_kernel[grid](
+        y,
+        out,
+        num_tokens,
+        hidden,
+        TOP_K=topk,
+        BLOCK_T=SUM_BLOCK_T,
+        BLOCK_H=SUM_BLOCK_H,
+        num_warps=SUM_WARPS,
+    )
     return out

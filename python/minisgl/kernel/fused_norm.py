@@ -14,8 +14,17 @@ import triton.language as tl
 
 @triton.jit
 def _add_rms_norm_kernel(
-    x, residual, weight, out, stride_x, stride_r, stride_o, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x,
+    residual,
+    weight,
+    out,
+    stride_x,
+    stride_r,
+    stride_o,
+    hidden,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """One program normalizes one row. With HAS_RESIDUAL: s = x + residual, written back into
     residual, and out = norm(s) * weight; without: out = norm(x) * weight. BLOCK is the hidden
@@ -35,8 +44,9 @@ def _add_rms_norm_kernel(
     tl.store(out + row * stride_o + cols, (normed * w).to(out.dtype.element_ty), mask=mask)
 
 
-def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-            eps: float) -> torch.Tensor:
+def _launch(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor:
     """x, residual: [T, H] with contiguous rows; weight: [H] -> out [T, H], x's dtype."""
     num_rows, hidden = x.shape
     assert weight.shape == (hidden,) and x.stride(-1) == 1
@@ -45,9 +55,17 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
         return out
     block = triton.next_power_of_2(hidden)
     _add_rms_norm_kernel[(num_rows,)](
-        x, x if residual is None else residual, weight, out,
-        x.stride(0), 0 if residual is None else residual.stride(0), out.stride(0), hidden, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block,
+        x,
+        x if residual is None else residual,
+        weight,
+        out,
+        x.stride(0),
+        0 if residual is None else residual.stride(0),
+        out.stride(0),
+        hidden,
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        BLOCK=block,
         num_warps=min(max(block // 256, 1), 16),  # about 8 elements a thread
     )
     return out
@@ -61,8 +79,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return _launch(rows, None, weight, eps).view(x.shape)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The contract of ``RMSNormFused.forward(x, residual)``: returns ``(norm(x + residual),
     x + residual)``. The sum is written into ``residual`` in place, and that tensor is returned
     as the new residual stream. x, residual: [T, H] of one dtype, rows contiguous; weight: [H]."""

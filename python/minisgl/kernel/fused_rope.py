@@ -31,8 +31,19 @@ def _rms_norm_halves(x1, x2, weight, cols, half, eps):
 
 @triton.jit
 def _norm_rotate_heads(
-    x, token, stride_tok, stride_head, num_heads, weight, cos, sin, cols, half, eps,
-    HAS_NORM: tl.constexpr, BLOCK_H: tl.constexpr,
+    x,
+    token,
+    stride_tok,
+    stride_head,
+    num_heads,
+    weight,
+    cos,
+    sin,
+    cols,
+    half,
+    eps,
+    HAS_NORM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
 ):
     """Token ``token``'s heads of x ([T, heads, D], last dim contiguous), normed if HAS_NORM,
     then rotated in the neox layout (dim i pairs with dim i + D/2) and stored back in place.
@@ -52,10 +63,24 @@ def _norm_rotate_heads(
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    q, k, positions, cos_sin_cache, q_weight, k_weight,
-    stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cache,
-    num_q_heads, num_k_heads, half, eps,
-    HAS_NORM: tl.constexpr, BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr,
+    q,
+    k,
+    positions,
+    cos_sin_cache,
+    q_weight,
+    k_weight,
+    stride_q_tok,
+    stride_q_head,
+    stride_k_tok,
+    stride_k_head,
+    stride_cache,
+    num_q_heads,
+    num_k_heads,
+    half,
+    eps,
+    HAS_NORM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
     """One program handles one token: every head of q, then every head of k. cos_sin_cache:
@@ -67,16 +92,47 @@ def _qk_norm_rope_kernel(
     angles = cos_sin_cache + position * stride_cache + cols
     cos = tl.load(angles, mask=cols < half, other=0.0)
     sin = tl.load(angles + half, mask=cols < half, other=0.0)
-    _norm_rotate_heads(q, token, stride_q_tok, stride_q_head, num_q_heads, q_weight, cos, sin,
-                       cols, half, eps, HAS_NORM, BLOCK_HQ)
-    _norm_rotate_heads(k, token, stride_k_tok, stride_k_head, num_k_heads, k_weight, cos, sin,
-                       cols, half, eps, HAS_NORM, BLOCK_HK)
+    _norm_rotate_heads(
+        q,
+        token,
+        stride_q_tok,
+        stride_q_head,
+        num_q_heads,
+        q_weight,
+        cos,
+        sin,
+        cols,
+        half,
+        eps,
+        HAS_NORM,
+        BLOCK_HQ,
+    )
+    _norm_rotate_heads(
+        k,
+        token,
+        stride_k_tok,
+        stride_k_head,
+        num_k_heads,
+        k_weight,
+        cos,
+        sin,
+        cols,
+        half,
+        eps,
+        HAS_NORM,
+        BLOCK_HK,
+    )
 
 
-def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-                 cos_sin_cache: torch.Tensor, q_weight: torch.Tensor | None = None,
-                 k_weight: torch.Tensor | None = None,
-                 eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+def qk_norm_rope(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    q_weight: torch.Tensor | None = None,
+    k_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q, k rotated by RoPE at ``positions``, in place, after the per-head RMSNorm by q_weight
     and k_weight when they are given (Qwen3). Returns q and k, the same tensors.
 
@@ -94,10 +150,23 @@ def qk_norm_rope(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     if num_tokens == 0:
         return q, k
     _qk_norm_rope_kernel[(num_tokens,)](
-        q, k, positions, cos_sin_cache, q_weight if has_norm else q, k_weight if has_norm else k,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-        num_q_heads, num_k_heads, head_dim // 2, eps,
-        HAS_NORM=has_norm, BLOCK_HQ=triton.next_power_of_2(num_q_heads),
+        q,
+        k,
+        positions,
+        cos_sin_cache,
+        q_weight if has_norm else q,
+        k_weight if has_norm else k,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        cos_sin_cache.stride(0),
+        num_q_heads,
+        num_k_heads,
+        head_dim // 2,
+        eps,
+        HAS_NORM=has_norm,
+        BLOCK_HQ=triton.next_power_of_2(num_q_heads),
         BLOCK_HK=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=triton.next_power_of_2(head_dim // 2),
         enable_fp_fusion=False,  # a * cos - b * sin rounds each product, as torch's kernels do

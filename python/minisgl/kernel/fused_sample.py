@@ -41,7 +41,14 @@ def _unit_float(bits):
 
 @triton.jit
 def _race_blocks_kernel(
-    logits, temperatures, greedy, seeds, best_score, best_index, stride_row, vocab,
+    logits,
+    temperatures,
+    greedy,
+    seeds,
+    best_score,
+    best_index,
+    stride_row,
+    vocab,
     BLOCK: tl.constexpr,
 ):
     """Program (row, block): the best score of tokens [block * BLOCK, (block + 1) * BLOCK) of
@@ -65,14 +72,16 @@ def _pick_winner_kernel(best_score, best_index, out, num_blocks, BLOCK: tl.const
     """Program row: the token of the row's best block score (the first block of equal ones)."""
     row = tl.program_id(0)
     blocks = tl.arange(0, BLOCK)
-    scores = tl.load(best_score + row * num_blocks + blocks, mask=blocks < num_blocks,
-                     other=float("-inf"))
+    scores = tl.load(
+        best_score + row * num_blocks + blocks, mask=blocks < num_blocks, other=float("-inf")
+    )
     winner = tl.argmax(scores, axis=0)
     tl.store(out + row, tl.load(best_index + row * num_blocks + winner).to(tl.int64))
 
 
-def race_sample(logits: torch.Tensor, temperatures: torch.Tensor, greedy: torch.Tensor,
-                seeds: torch.Tensor) -> torch.Tensor:
+def race_sample(
+    logits: torch.Tensor, temperatures: torch.Tensor, greedy: torch.Tensor, seeds: torch.Tensor
+) -> torch.Tensor:
     """One token per row: argmax of logits on greedy rows, else a draw from softmax(logits / T).
 
     logits: [B, V] (any float dtype, rows contiguous); temperatures: [B] float32 (unused on
@@ -88,9 +97,23 @@ def race_sample(logits: torch.Tensor, temperatures: torch.Tensor, greedy: torch.
     best_score = torch.empty(num_rows, num_blocks, dtype=torch.float32, device=logits.device)
     best_index = torch.empty(num_rows, num_blocks, dtype=torch.int32, device=logits.device)
     _race_blocks_kernel[(num_rows, num_blocks)](
-        logits, temperatures, greedy, seeds, best_score, best_index, logits.stride(0), vocab,
-        BLOCK=block, num_warps=8 if block >= 2048 else 4,
+        logits,
+        temperatures,
+        greedy,
+        seeds,
+        best_score,
+        best_index,
+        logits.stride(0),
+        vocab,
+        BLOCK=block,
+        num_warps=8 if block >= 2048 else 4,
     )
-    _pick_winner_kernel[(num_rows,)](best_score, best_index, out, num_blocks,
-                                     BLOCK=triton.next_power_of_2(num_blocks), num_warps=1)
+    _pick_winner_kernel[(num_rows,)](
+        best_score,
+        best_index,
+        out,
+        num_blocks,
+        BLOCK=triton.next_power_of_2(num_blocks),
+        num_warps=1,
+    )
     return out

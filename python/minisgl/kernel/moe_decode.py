@@ -31,8 +31,17 @@ MIN_BLOCK_T = 16  # tl.dot's smallest M: a few tokens are padded to 16 rows
 
 
 @triton.jit
-def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def silu_gate_up(
+    x_ptrs,
+    gate_ptrs,
+    up_offset,
+    rows_ok,
+    col_ok,
+    hidden,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """silu(x @ gate) * (x @ up) for one [BLOCK_M, BLOCK_N] tile: x_ptrs [BLOCK_M, BLOCK_K] and
     gate_ptrs [BLOCK_K, BLOCK_N] point at K = 0, the up rows lie up_offset elements past the
     gate rows; two dots over the hidden dimension, one result. (The aligned path's kernel
@@ -53,9 +62,19 @@ def silu_gate_up(x_ptrs, gate_ptrs, up_offset, rows_ok, col_ok, hidden,
 
 @triton.jit
 def _decode_gate_up_kernel(
-    ids_ptr, x_ptr, w1_ptr, h_ptr, num_tokens, inter, hidden,
-    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    ids_ptr,
+    x_ptr,
+    w1_ptr,
+    h_ptr,
+    num_tokens,
+    inter,
+    hidden,
+    TOP_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """h[t * k + j, n] = silu(x[t] @ gate[e, n]) * (x[t] @ up[e, n]) for the tokens t whose j-th
     choice is e, the expert of this program's pair, BLOCK_N columns n."""
@@ -79,18 +98,32 @@ def _decode_gate_up_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     col_ok = offs_n[None, :] < inter
     x_ptrs = x_ptr + tokens[:, None] * hidden + offs_k[None, :]
-    gate_ptrs = w1_ptr + expert.to(tl.int64) * 2 * inter * hidden + offs_n[None, :] * hidden \
+    gate_ptrs = (
+        w1_ptr
+        + expert.to(tl.int64) * 2 * inter * hidden
+        + offs_n[None, :] * hidden
         + offs_k[:, None]
-    h = silu_gate_up(x_ptrs, gate_ptrs, inter * hidden, chose, col_ok, hidden,
-                     BLOCK_T, BLOCK_N, BLOCK_K)
+    )
+    h = silu_gate_up(
+        x_ptrs, gate_ptrs, inter * hidden, chose, col_ok, hidden, BLOCK_T, BLOCK_N, BLOCK_K
+    )
     h_ptrs = h_ptr + (tokens * TOP_K + choice)[:, None] * inter + offs_n[None, :]
     tl.store(h_ptrs, h.to(h_ptr.dtype.element_ty), mask=chose[:, None] & col_ok)
 
 
 @triton.jit
 def _decode_down_kernel(
-    h_ptr, w2_ptr, out_ptr, weights_ptr, ids_ptr, hidden, inter,
-    TOP_K: tl.constexpr, BLOCK_J: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    h_ptr,
+    w2_ptr,
+    out_ptr,
+    weights_ptr,
+    ids_ptr,
+    hidden,
+    inter,
+    TOP_K: tl.constexpr,
+    BLOCK_J: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out[t, n] = sum over the token's k choices j of weight * h[t * k + j] @ w2[e_j, n], for
@@ -110,8 +143,12 @@ def _decode_down_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     col_ok = offs_n < hidden
     h_ptrs = h_ptr + pairs[:, None] * inter + offs_k[None, :]
-    w_ptrs = w2_ptr + experts[:, None, None] * hidden * inter + offs_n[None, :, None] * inter \
+    w_ptrs = (
+        w2_ptr
+        + experts[:, None, None] * hidden * inter
+        + offs_n[None, :, None] * inter
         + offs_k[None, None, :]
+    )
     rows_ok = choice_ok[:, None, None] & col_ok[None, :, None]
     w = tl.load(w_ptrs, mask=rows_ok & (offs_k < inter)[None, None, :], other=0.0)
     if PDL:
@@ -130,9 +167,16 @@ def _decode_down_kernel(
     tl.store(out_ptr + token * hidden + offs_n, out.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
-def decode_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, gating_output: torch.Tensor,
-               topk: int, renormalize: bool, config: Dict[str, Dict[str, int]],
-               pdl: bool | None = None) -> torch.Tensor:
+def decode_moe(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    gating_output: torch.Tensor,
+    topk: int,
+    renormalize: bool,
+    config: Dict[str, Dict[str, int]],
+    pdl: bool | None = None,
+) -> torch.Tensor:
     """The whole MoE layer for a few tokens in three launches; x [T, H] contiguous, T at most
     what moe/configs.py sends here. Returns [T, H]. pdl: launch each kernel before the one it
     waits for has ended (the default on a GPU; the interpreter has no such launch)."""
@@ -143,15 +187,39 @@ def decode_moe(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, gating_outpu
     h = x.new_empty(num_tokens * topk, inter)
     gate_up, down = config["gate_up"], config["down"]
     _decode_gate_up_kernel[(num_tokens * topk, triton.cdiv(inter, gate_up["BLOCK_N"]))](
-        ids, x, w1, h, num_tokens, inter, hidden, TOP_K=topk,
+        ids,
+        x,
+        w1,
+        h,
+        num_tokens,
+        inter,
+        hidden,
+        TOP_K=topk,
         BLOCK_T=max(MIN_BLOCK_T, triton.next_power_of_2(num_tokens)),
-        BLOCK_P=triton.next_power_of_2(num_tokens * topk), BLOCK_N=gate_up["BLOCK_N"],
-        BLOCK_K=gate_up["BLOCK_K"], PDL=pdl, num_warps=gate_up["num_warps"],
-        num_stages=gate_up["num_stages"], launch_pdl=pdl)
+        BLOCK_P=triton.next_power_of_2(num_tokens * topk),
+        BLOCK_N=gate_up["BLOCK_N"],
+        BLOCK_K=gate_up["BLOCK_K"],
+        PDL=pdl,
+        num_warps=gate_up["num_warps"],
+        num_stages=gate_up["num_stages"],
+        launch_pdl=pdl,
+    )
     out = x.new_empty(num_tokens, hidden)
     _decode_down_kernel[(num_tokens, triton.cdiv(hidden, down["BLOCK_N"]))](
-        h, w2, out, weights, ids, hidden, inter, TOP_K=topk,
-        BLOCK_J=triton.next_power_of_2(topk), BLOCK_N=down["BLOCK_N"],
-        BLOCK_K=down["BLOCK_K"], PDL=pdl, num_warps=down["num_warps"],
-        num_stages=down["num_stages"], launch_pdl=pdl)
+        h,
+        w2,
+        out,
+        weights,
+        ids,
+        hidden,
+        inter,
+        TOP_K=topk,
+        BLOCK_J=triton.next_power_of_2(topk),
+        BLOCK_N=down["BLOCK_N"],
+        BLOCK_K=down["BLOCK_K"],
+        PDL=pdl,
+        num_warps=down["num_warps"],
+        num_stages=down["num_stages"],
+        launch_pdl=pdl,
+    )
     return out

@@ -43,15 +43,25 @@ def _take_largest(probs, experts, BLOCK_E: tl.constexpr):
 
 
 @triton.jit
-def _route_rows(logits_ptr, tokens, experts, num_tokens, num_experts,
-                TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_T: tl.constexpr,
-                BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _route_rows(
+    logits_ptr,
+    tokens,
+    experts,
+    num_tokens,
+    num_experts,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     """The rows ``tokens`` of the logits [T, E]: each row's k largest softmax values and their
     experts, [rows, BLOCK_K] (renormalized to sum to 1 if asked), and the probabilities with the
     chosen ones struck out (-1), as are the entries past the last token or expert."""
     valid = (tokens < num_tokens)[:, None] & (experts[None, :] < num_experts)
-    logits = tl.load(logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=valid,
-                     other=0.0).to(tl.float32)
+    logits = tl.load(
+        logits_ptr + tokens[:, None] * num_experts + experts[None, :], mask=valid, other=0.0
+    ).to(tl.float32)
     logits = tl.where(experts[None, :] < num_experts, logits, -float("inf"))  # rows past T: 0s
     probs = tl.exp(logits - tl.max(logits, axis=1)[:, None])
     probs = tl.where(valid, probs / tl.sum(probs, axis=1)[:, None], -1.0)
@@ -69,9 +79,19 @@ def _route_rows(logits_ptr, tokens, experts, num_tokens, num_experts,
 
 @triton.jit
 def _route_and_count_kernel(
-    logits_ptr, weights_ptr, ids_ptr, block_counts_ptr, num_tokens, num_experts,
-    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, COUNT: tl.constexpr,
-    BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    block_counts_ptr,
+    num_tokens,
+    num_experts,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    COUNT: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Tokens [pid * BLOCK_T, +BLOCK_T): their top-k experts and weights, and (if COUNT) the
     block's count of pairs per expert in block_counts[pid, :]: the struck-out probabilities."""
@@ -80,8 +100,18 @@ def _route_and_count_kernel(
         gdc_launch_dependents()  # the next kernel waits for our writes in its gdc_wait
     tokens = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     experts = tl.arange(0, BLOCK_E)
-    weights, ids, probs = _route_rows(logits_ptr, tokens, experts, num_tokens, num_experts,
-                                      TOP_K, RENORMALIZE, BLOCK_T, BLOCK_E, BLOCK_K)
+    weights, ids, probs = _route_rows(
+        logits_ptr,
+        tokens,
+        experts,
+        num_tokens,
+        num_experts,
+        TOP_K,
+        RENORMALIZE,
+        BLOCK_T,
+        BLOCK_E,
+        BLOCK_K,
+    )
     slots = tl.arange(0, BLOCK_K)
     out = tokens[:, None] * TOP_K + slots[None, :]
     mine = (tokens < num_tokens)[:, None] & (slots < TOP_K)[None, :]
@@ -93,23 +123,37 @@ def _route_and_count_kernel(
 
 
 @triton.jit
-def _sum_chunks_kernel(block_counts_ptr, chunk_counts_ptr, num_blocks,
-                       BLOCK_E: tl.constexpr, CHUNK_B: tl.constexpr):
+def _sum_chunks_kernel(
+    block_counts_ptr, chunk_counts_ptr, num_blocks, BLOCK_E: tl.constexpr, CHUNK_B: tl.constexpr
+):
     """chunk_counts[c, :]: the pairs per expert of the blocks [c * CHUNK_B, +CHUNK_B), one
     load and one sum per program."""
     chunk = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     blocks = chunk * CHUNK_B + tl.arange(0, CHUNK_B)
-    rows = tl.load(block_counts_ptr + blocks[:, None] * BLOCK_E + experts[None, :],
-                   mask=(blocks < num_blocks)[:, None], other=0)
+    rows = tl.load(
+        block_counts_ptr + blocks[:, None] * BLOCK_E + experts[None, :],
+        mask=(blocks < num_blocks)[:, None],
+        other=0,
+    )
     tl.store(chunk_counts_ptr + chunk * BLOCK_E + experts, tl.sum(rows, axis=0))
 
 
 @triton.jit
 def _plan_tiles_kernel(
-    block_counts_ptr, chunk_counts_ptr, block_offsets_ptr, sorted_ids_ptr, expert_ids_ptr,
-    num_padded_ptr, num_blocks, num_chunks, num_pairs, tiles_capacity,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_B: tl.constexpr,
+    block_counts_ptr,
+    chunk_counts_ptr,
+    block_offsets_ptr,
+    sorted_ids_ptr,
+    expert_ids_ptr,
+    num_padded_ptr,
+    num_blocks,
+    num_chunks,
+    num_pairs,
+    tiles_capacity,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    CHUNK_B: tl.constexpr,
     TILE_CHUNK: tl.constexpr,
 ):
     """Each expert's pairs take a run of whole tiles, in expert order. Every program works
@@ -125,8 +169,11 @@ def _plan_tiles_kernel(
     before = tl.zeros([BLOCK_E], dtype=tl.int32)  # pairs of each expert in chunks before p
     for c in range(0, num_chunks, CHUNK_B):
         chunks = c + lanes
-        rows = tl.load(chunk_counts_ptr + chunks[:, None] * BLOCK_E + experts[None, :],
-                       mask=(chunks < num_chunks)[:, None], other=0)
+        rows = tl.load(
+            chunk_counts_ptr + chunks[:, None] * BLOCK_E + experts[None, :],
+            mask=(chunks < num_chunks)[:, None],
+            other=0,
+        )
         counts += tl.sum(rows, axis=0)
         before += tl.sum(tl.where((chunks < p)[:, None], rows, 0), axis=0)
     tiles = (counts + BLOCK_M - 1) // BLOCK_M
@@ -139,8 +186,11 @@ def _plan_tiles_kernel(
         in_range = (blocks < num_blocks)[:, None]
         rows = tl.load(block_counts_ptr + offsets, mask=in_range, other=0)
         start = tile_start * BLOCK_M + before
-        tl.store(block_offsets_ptr + offsets, start[None, :] + tl.cumsum(rows, axis=0) - rows,
-                 mask=in_range)
+        tl.store(
+            block_offsets_ptr + offsets,
+            start[None, :] + tl.cumsum(rows, axis=0) - rows,
+            mask=in_range,
+        )
     t = p * TILE_CHUNK + tl.arange(0, TILE_CHUNK)  # these tiles' experts; -1 past the last
     owner = tl.sum((tile_end[None, :] <= t[:, None]).to(tl.int32), axis=1)
     tl.store(expert_ids_ptr + t, tl.where(t < total_tiles, owner, -1), mask=t < tiles_capacity)
@@ -152,8 +202,14 @@ def _plan_tiles_kernel(
 
 @triton.jit
 def _scatter_pairs_kernel(
-    ids_ptr, block_offsets_ptr, sorted_ids_ptr, num_pairs,
-    TOP_K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_P: tl.constexpr,
+    ids_ptr,
+    block_offsets_ptr,
+    sorted_ids_ptr,
+    num_pairs,
+    TOP_K: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
 ):
     """Pair p of block pid goes to its expert's start for this block plus the number of the
     block's earlier pairs with the same expert: the order of pairs is kept within an expert."""
@@ -170,8 +226,9 @@ def _scatter_pairs_kernel(
     tl.store(sorted_ids_ptr + pos, pairs, mask=mine)
 
 
-def route(gating_output: torch.Tensor, topk: int, renormalize: bool, count: bool = True,
-          pdl: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def route(
+    gating_output: torch.Tensor, topk: int, renormalize: bool, count: bool = True, pdl: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Top-k of the softmax of the router's logits [T, E], in one launch: weights [T, k] fp32,
     expert ids [T, k] int32, and (if count) each block of ROUTE_BLOCK_T tokens' pair count per
     expert, which the alignment needs and the decode path does not. Without counts a few tokens
@@ -184,18 +241,31 @@ def route(gating_output: torch.Tensor, topk: int, renormalize: bool, count: bool
     device = gating_output.device
     weights = torch.empty(num_tokens, topk, dtype=torch.float32, device=device)
     ids = torch.empty(num_tokens, topk, dtype=torch.int32, device=device)
-    block_counts = torch.empty(num_blocks, block_e, dtype=torch.int32, device=device) \
-        if count else None
+    block_counts = (
+        torch.empty(num_blocks, block_e, dtype=torch.int32, device=device) if count else None
+    )
     _route_and_count_kernel[(num_blocks,)](
-        gating_output.contiguous(), weights, ids, block_counts, num_tokens, num_experts,
-        TOP_K=topk, RENORMALIZE=renormalize, COUNT=count, BLOCK_T=block_t, BLOCK_E=block_e,
-        BLOCK_K=triton.next_power_of_2(topk), PDL=pdl,
-        num_warps=max(1, block_t // ROUTE_TOKENS_PER_WARP))
+        gating_output.contiguous(),
+        weights,
+        ids,
+        block_counts,
+        num_tokens,
+        num_experts,
+        TOP_K=topk,
+        RENORMALIZE=renormalize,
+        COUNT=count,
+        BLOCK_T=block_t,
+        BLOCK_E=block_e,
+        BLOCK_K=triton.next_power_of_2(topk),
+        PDL=pdl,
+        num_warps=max(1, block_t // ROUTE_TOKENS_PER_WARP),
+    )
     return weights, ids, block_counts
 
 
-def align(topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int,
-          block_m: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def align(
+    topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int, block_m: int
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The pairs sorted by expert, each expert's run padded to whole tiles of block_m, in three
     launches: sorted_ids [tiles * block_m] (pair indices; num_pairs in the padding), expert_ids
     [tiles] (-1 past the last used tile) and num_padded [1], the used slots."""
@@ -209,16 +279,36 @@ def align(topk_ids: torch.Tensor, block_counts: torch.Tensor, num_experts: int,
     block_offsets = torch.empty_like(block_counts)
     num_chunks = triton.cdiv(num_blocks, PLAN_CHUNK_B)
     chunk_counts = torch.empty(num_chunks, block_e, dtype=torch.int32, device=device)
-    _sum_chunks_kernel[(num_chunks,)](block_counts, chunk_counts, num_blocks, BLOCK_E=block_e,
-                                      CHUNK_B=PLAN_CHUNK_B)
+    _sum_chunks_kernel[(num_chunks,)](
+        block_counts, chunk_counts, num_blocks, BLOCK_E=block_e, CHUNK_B=PLAN_CHUNK_B
+    )
     programs = max(num_chunks, triton.cdiv(capacity, PLAN_TILE_CHUNK))
     _plan_tiles_kernel[(programs,)](
-        block_counts, chunk_counts, block_offsets, sorted_ids, expert_ids, num_padded,
-        num_blocks, num_chunks, num_pairs, capacity,
-        BLOCK_M=block_m, BLOCK_E=block_e, CHUNK_B=PLAN_CHUNK_B, TILE_CHUNK=PLAN_TILE_CHUNK,
-        num_warps=PLAN_WARPS)
+        block_counts,
+        chunk_counts,
+        block_offsets,
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        num_blocks,
+        num_chunks,
+        num_pairs,
+        capacity,
+        BLOCK_M=block_m,
+        BLOCK_E=block_e,
+        CHUNK_B=PLAN_CHUNK_B,
+        TILE_CHUNK=PLAN_TILE_CHUNK,
+        num_warps=PLAN_WARPS,
+    )
     _scatter_pairs_kernel[(num_blocks,)](
-        topk_ids, block_offsets, sorted_ids, num_pairs,
-        TOP_K=topk, BLOCK_T=ROUTE_BLOCK_T, BLOCK_E=block_e,
-        BLOCK_P=triton.next_power_of_2(ROUTE_BLOCK_T * topk), num_warps=SCATTER_WARPS)
+        topk_ids,
+        block_offsets,
+        sorted_ids,
+        num_pairs,
+        TOP_K=topk,
+        BLOCK_T=ROUTE_BLOCK_T,
+        BLOCK_E=block_e,
+        BLOCK_P=triton.next_power_of_2(ROUTE_BLOCK_T * topk),
+        num_warps=SCATTER_WARPS,
+    )
     return sorted_ids, expert_ids, num_padded

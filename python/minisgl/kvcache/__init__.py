@@ -19,12 +19,18 @@ if TYPE_CHECKING:
     from minisgl.models.config import ModelConfig
 
 
-def create_kvcache_pool(config: ModelConfig, num_pages: int, page_size: int,
-                        dtype: torch.dtype, device: torch.device | str) -> BaseKVCachePool:
+def create_kvcache_pool(
+    config: ModelConfig,
+    num_pages: int,
+    page_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> BaseKVCachePool:
     """A pool for ``config``'s layers and this rank's KV heads."""
     num_kv_heads = div_even(config.num_kv_heads, get_tp_info().size)
-    return MHAKVCachePool(config.num_layers, num_kv_heads, config.head_dim, num_pages,
-                          page_size, dtype, device)
+    return MHAKVCachePool(
+        config.num_layers, num_kv_heads, config.head_dim, num_pages, page_size, dtype, device
+    )
 
 
 def create_prefix_cache(kind: str, page_size: int) -> BasePrefixCache:
@@ -36,5 +42,13 @@ def create_prefix_cache(kind: str, page_size: int) -> BasePrefixCache:
     raise ValueError(f"unknown prefix cache {kind!r}; known: naive, radix")
 
 
-__all__ = ["BaseCacheHandle", "BaseKVCachePool", "BasePrefixCache", "MHAKVCachePool",
-           "NaivePrefixCache", "RadixPrefixCache", "create_kvcache_pool", "create_prefix_cache"]
+__all__ = [
+    "BaseCacheHandle",
+    "BaseKVCachePool",
+    "BasePrefixCache",
+    "MHAKVCachePool",
+    "NaivePrefixCache",
+    "RadixPrefixCache",
+    "create_kvcache_pool",
+    "create_prefix_cache",
+]

@@ -23,8 +23,9 @@ class BaseKVCachePool(ABC):
         """Layer ``layer_id``'s values by slot: [num_slots, kv_heads, head_dim]."""
 
     @abstractmethod
-    def store_kv(self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor,
-                 layer_id: int) -> None:
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, out_loc: torch.Tensor, layer_id: int
+    ) -> None:
         """Write the K and V of T new tokens: k, v: [T, kv_heads, head_dim] into slots
         out_loc: [T]."""
 

@@ -22,8 +22,13 @@ class RadixTreeNode:
 
     _created = 0  # a creation number per node: ties in the LRU order break the same way
 
-    def __init__(self, key: List[int], value: torch.Tensor, parent: RadixTreeNode | None,
-                 last_access: int = 0):
+    def __init__(
+        self,
+        key: List[int],
+        value: torch.Tensor,
+        parent: RadixTreeNode | None,
+        last_access: int = 0,
+    ):
         self.key, self.value, self.parent = key, value, parent
         self.children: Dict[Tuple[int, ...], RadixTreeNode] = {}  # by their first page
         self.ref_count = 0  # requests using this node (and so its whole path from the root)
@@ -127,15 +132,18 @@ class RadixPrefixCache(BasePrefixCache):
                 raise RuntimeError(f"a node holds {node.length} tokens, {len(node.value)} slots")
             if node.parent.children.get(self._page_key(node.key)) is not node:
                 raise RuntimeError("a node is not filed under its first page in its parent")
-            if node.ref_count < 0 or (node.parent.parent and node.parent.ref_count <
-                                      node.ref_count):
+            if node.ref_count < 0 or (
+                node.parent.parent and node.parent.ref_count < node.ref_count
+            ):
                 raise RuntimeError("reference counts must not grow away from the root")
             evictable += node.length if node.ref_count == 0 else 0
             protected += node.length if node.ref_count > 0 else 0
             slots += node.value.tolist()
         if (evictable, protected) != (self.evictable_size, self.protected_size):
-            raise RuntimeError(f"sizes ({self.evictable_size}, {self.protected_size}) should be "
-                               f"({evictable}, {protected})")
+            raise RuntimeError(
+                f"sizes ({self.evictable_size}, {self.protected_size}) should be "
+                f"({evictable}, {protected})"
+            )
         if len(set(slots)) != len(slots):
             raise RuntimeError("a KV slot is held by two nodes")
 
@@ -145,8 +153,10 @@ class RadixPrefixCache(BasePrefixCache):
 
         def draw(node: RadixTreeNode, indent: str) -> None:
             for child in node.children.values():
-                lines.append(f"{indent}├── {decode(child.key)}  ({child.length} tokens, "
-                             f"ref {child.ref_count})")
+                lines.append(
+                    f"{indent}├── {decode(child.key)}  ({child.length} tokens, "
+                    f"ref {child.ref_count})"
+                )
                 draw(child, indent + "│   ")
 
         draw(self.root, "")

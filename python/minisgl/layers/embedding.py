@@ -50,8 +50,9 @@ class ParallelLMHead(BaseOP):
     its own: one storage, read by both, filled by loading either name.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int,
-                 tie_to: VocabParallelEmbedding | None = None):
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, tie_to: VocabParallelEmbedding | None = None
+    ):
         self.num_embeddings = num_embeddings
         self.tp_size = get_tp_info().size
         self._comm = DistributedCommunicator()

@@ -49,8 +49,9 @@ class RMSNormFused(RMSNorm):
         return add_then_rms_norm(x, residual, self.weight, self.eps)
 
 
-def add_then_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_then_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The torch formula of ``RMSNormFused.forward``: ``(norm(x + residual), x + residual)``."""
     if residual is not None:
         x = x + residual  # in the model's dtype, as HF adds it

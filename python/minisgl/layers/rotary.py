@@ -86,8 +86,13 @@ class RotaryEmbedding(BaseOP):
     so it is not a weight).
     """
 
-    def __init__(self, head_dim: int, max_position: int, base: float,
-                 rope_scaling: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        head_dim: int,
+        max_position: int,
+        base: float,
+        rope_scaling: Mapping[str, Any] | None = None,
+    ):
         inv_freq, scale = rope_frequencies(head_dim, base, rope_scaling)
         angles = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq)
         self._cos_sin_cache = torch.cat([angles.cos() * scale, angles.sin() * scale], dim=-1)

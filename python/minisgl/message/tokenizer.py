@@ -56,5 +56,6 @@ class AbortMsg(BaseTokenizerMsg):
     uid: int
 
 
-_CLASSES = classes_by_name(BatchTokenizerMsg, TokenizeMsg, DetokenizeMsg, AbortMsg, ExitMsg,
-                           SamplingParams)
+_CLASSES = classes_by_name(
+    BatchTokenizerMsg, TokenizeMsg, DetokenizeMsg, AbortMsg, ExitMsg, SamplingParams
+)

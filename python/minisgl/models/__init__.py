@@ -39,8 +39,12 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None, dummy: bool = False) -> BaseLLMModel:
+def load_model(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | None = None,
+    dummy: bool = False,
+) -> BaseLLMModel:
     """Read config.json, build the model in the checkpoint's dtype (or ``dtype``) on ``device``,
     and fill it from the checkpoint's safetensors; with ``dummy``, with random values instead
     (``fill_dummy_weights``: no safetensors needed, for benchmarks of a model's shape)."""
@@ -103,8 +107,16 @@ def generate_greedy_recompute(model: BaseLLMModel, token_ids: Sequence[int], n: 
     ids = list(token_ids)
     for _ in range(n):
         ids.append(int(sequence_logits(model, ids)[-1].argmax()))
-    return ids[len(token_ids):]
+    return ids[len(token_ids) :]
 
 
-__all__ = ["BaseLLMModel", "ModelConfig", "create_model", "fill_dummy_weights",
-           "generate_greedy_recompute", "get_model_class", "load_model", "sequence_logits"]
+__all__ = [
+    "BaseLLMModel",
+    "ModelConfig",
+    "create_model",
+    "fill_dummy_weights",
+    "generate_greedy_recompute",
+    "get_model_class",
+    "load_model",
+    "sequence_logits",
+]

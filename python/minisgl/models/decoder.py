@@ -31,13 +31,19 @@ class DecoderAttention(BaseOP):
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding):
         self.head_dim = config.head_dim
-        self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads,
-                                        config.num_kv_heads, has_bias=config.attention_bias)
+        self.qkv_proj = LinearQKVMerged(
+            config.hidden_size,
+            config.head_dim,
+            config.num_qo_heads,
+            config.num_kv_heads,
+            has_bias=config.attention_bias,
+        )
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(config.head_dim, eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, eps) if config.qk_norm else None
-        self.o_proj = LinearRowParallel(config.num_qo_heads * config.head_dim, config.hidden_size,
-                                        has_bias=config.o_proj_bias)
+        self.o_proj = LinearRowParallel(
+            config.num_qo_heads * config.head_dim, config.hidden_size, has_bias=config.o_proj_bias
+        )
         self._rotary = rotary  # one cos / sin table shared by every layer
         self.attn = AttentionLayer(layer_id)
 
@@ -47,8 +53,9 @@ class DecoderAttention(BaseOP):
         q, k = self.norm_and_rotate(q, k, positions)
         return self.o_proj.forward(self.attn.forward(q, k, v).flatten(-2))
 
-    def norm_and_rotate(self, q: torch.Tensor, k: torch.Tensor,
-                        positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def norm_and_rotate(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The q/k norms (Qwen3), then RoPE. On a GPU one Triton kernel does both, in place in
         the qkv GEMM's output; torch's path returns new tensors."""
         q_norm, k_norm = self.q_norm, self.k_norm
@@ -57,8 +64,15 @@ class DecoderAttention(BaseOP):
 
             if q_norm is None or k_norm is None:
                 return qk_norm_rope(positions, q, k, self._rotary._cos_sin_cache)
-            return qk_norm_rope(positions, q, k, self._rotary._cos_sin_cache, q_norm.weight,
-                                k_norm.weight, q_norm.eps)
+            return qk_norm_rope(
+                positions,
+                q,
+                k,
+                self._rotary._cos_sin_cache,
+                q_norm.weight,
+                k_norm.weight,
+                q_norm.eps,
+            )
         if q_norm is not None and k_norm is not None:
             q, k = q_norm.forward(q), k_norm.forward(k)
         return self._rotary.forward(positions, q, k)
@@ -87,8 +101,9 @@ class DecoderModel(BaseOP):
     """Embedding, the decoder layers and the final norm: input_ids [T] -> hidden [T, H]."""
 
     def __init__(self, config: ModelConfig):
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                 config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = [DecoderLayer(config, i, rotary) for i in range(config.num_layers)]
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)

@@ -9,8 +9,13 @@ from .decoder import DecoderForCausalLM
 
 # Hugging Face architecture names (config.json's "architectures") to model classes
 MODELS: Registry[Type[BaseLLMModel]] = Registry("model architecture")
-for _name in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-              "Qwen3MoeForCausalLM"):
+for _name in (
+    "LlamaForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "MistralForCausalLM",
+    "Qwen3MoeForCausalLM",
+):
     MODELS.register(_name, DecoderForCausalLM)
 
 

@@ -29,8 +29,10 @@ _GATE_UP = re.compile(r"(.+\.mlp)\.(gate|up)_proj\.weight")
 _EXPERT = re.compile(r"(.+\.mlp\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
 
 # sharded by rows (column parallel: output features) and by columns (row parallel: input features)
-_BY_ROWS = re.compile(r".+\.(self_attn\.[qkv]_proj\.(weight|bias)"
-                      r"|mlp\.(experts\.\d+\.)?(gate|up)_proj\.weight)")
+_BY_ROWS = re.compile(
+    r".+\.(self_attn\.[qkv]_proj\.(weight|bias)"
+    r"|mlp\.(experts\.\d+\.)?(gate|up)_proj\.weight)"
+)
 _BY_COLS = re.compile(r".+\.(self_attn\.o_proj|mlp\.(experts\.\d+\.)?down_proj)\.weight")
 _VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
@@ -55,8 +57,9 @@ def _merge_rule(name: str, num_experts: int) -> Tuple[str, List[str], Combine] |
         if m[3] == "down":  # [E, H, I]; no ".weight": a 3-D tensor, not a linear layer's weight
             parts = [f"{experts}.{e}.down_proj.weight" for e in range(num_experts)]
             return f"{experts}.down_proj", parts, torch.stack
-        parts = [f"{experts}.{e}.{p}_proj.weight"
-                 for e in range(num_experts) for p in ("gate", "up")]
+        parts = [
+            f"{experts}.{e}.{p}_proj.weight" for e in range(num_experts) for p in ("gate", "up")
+        ]
         return f"{experts}.gate_up_proj", parts, _pack_gate_up
     if m := _QKV.fullmatch(name):
         parts = [f"{m[1]}.{p}_proj.{m[3]}" for p in "qkv"]
@@ -129,7 +132,8 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> Iterator[Tuple[s
             yield merged, combine([found[p] for p in parts])
     for merged, (parts, found) in pending.items():
         missing = next(p for p in parts if p not in found)
-        raise ValueError(f"checkpoint {str(model_dir)!r} has no tensor {missing!r} "
-                         f"(a part of {merged!r})")
+        raise ValueError(
+            f"checkpoint {str(model_dir)!r} has no tensor {missing!r} (a part of {merged!r})"
+        )
     if config.tie_word_embeddings and not has_lm_head and embedding is not None:
         yield "lm_head.weight", embedding

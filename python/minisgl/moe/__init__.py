@@ -42,5 +42,10 @@ def create_moe_backend(device: torch.device | str, name: str = "auto") -> BaseMo
     return MOE_BACKENDS.get(name)()
 
 
-__all__ = ["MOE_BACKENDS", "BaseMoeBackend", "TorchMoeBackend", "create_moe_backend",
-           "select_experts"]
+__all__ = [
+    "MOE_BACKENDS",
+    "BaseMoeBackend",
+    "TorchMoeBackend",
+    "create_moe_backend",
+    "select_experts",
+]

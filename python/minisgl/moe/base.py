@@ -8,8 +8,9 @@ from typing import Tuple
 import torch
 
 
-def select_experts(gating_output: torch.Tensor, topk: int,
-                   renormalize: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+def select_experts(
+    gating_output: torch.Tensor, topk: int, renormalize: bool
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Routing: take the top-k experts after a softmax, optionally renormalizing those k weights to sum to 1."""
     probs = torch.softmax(gating_output.float(), dim=-1)
     topk_weights, topk_ids = probs.topk(topk, dim=-1)
@@ -30,5 +31,12 @@ class BaseMoeBackend(ABC):
     supports_cuda_graph: bool = False
 
     @abstractmethod
-    def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                gating_output: torch.Tensor, topk: int, renormalize: bool) -> torch.Tensor: ...
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        gating_output: torch.Tensor,
+        topk: int,
+        renormalize: bool,
+    ) -> torch.Tensor: ...

@@ -42,8 +42,9 @@ def load_tuned(file_name: str) -> Dict[int, MoeConfig] | None:
 
 
 def _gemm(block_n: int, block_k: int, group_m: int, warps: int, stages: int) -> Dict[str, int]:
-    return dict(BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, num_warps=warps,
-                num_stages=stages)
+    return dict(
+        BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=group_m, num_warps=warps, num_stages=stages
+    )
 
 
 def default_config(num_tokens: int, topk: int, num_experts: int) -> MoeConfig:
@@ -54,17 +55,29 @@ def default_config(num_tokens: int, topk: int, num_experts: int) -> MoeConfig:
         return dict(path="decode", gate_up=_gemm(32, 128, 1, 4, 3), down=_gemm(8, 128, 1, 4, 3))
     per_expert = num_tokens * topk / num_experts
     if per_expert <= 4:
-        return dict(path="aligned", BLOCK_M=16, gate_up=_gemm(64, 128, 1, 4, 4),
-                    down=_gemm(64, 128, 1, 4, 4))
+        return dict(
+            path="aligned",
+            BLOCK_M=16,
+            gate_up=_gemm(64, 128, 1, 4, 4),
+            down=_gemm(64, 128, 1, 4, 4),
+        )
     if per_expert <= 48:
-        return dict(path="aligned", BLOCK_M=64, gate_up=_gemm(64, 64, 8, 4, 4),
-                    down=_gemm(64, 64, 8, 4, 4))
-    return dict(path="aligned", BLOCK_M=128, gate_up=_gemm(128, 64, 8, 8, 3),
-                down=_gemm(256, 64, 8, 8, 3))
+        return dict(
+            path="aligned", BLOCK_M=64, gate_up=_gemm(64, 64, 8, 4, 4), down=_gemm(64, 64, 8, 4, 4)
+        )
+    return dict(
+        path="aligned", BLOCK_M=128, gate_up=_gemm(128, 64, 8, 8, 3), down=_gemm(256, 64, 8, 8, 3)
+    )
 
 
-def get_config(num_tokens: int, topk: int, num_experts: int, inter: int, dtype: torch.dtype,
-               device: torch.device) -> MoeConfig:
+def get_config(
+    num_tokens: int,
+    topk: int,
+    num_experts: int,
+    inter: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> MoeConfig:
     """The tuned config of the nearest token count when a file fits, else the heuristic's."""
     if device.type == "cuda" and dtype in DTYPE_NAMES:
         name = config_file_name(num_experts, inter, dtype, torch.cuda.get_device_name(device))

@@ -22,16 +22,35 @@ class SyncFreeMoeBackend(BaseMoeBackend):
 
     supports_cuda_graph = True
 
-    def forward(self, hidden_states: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor,
-                gating_output: torch.Tensor, topk: int, renormalize: bool) -> torch.Tensor:
-        config = get_config(hidden_states.shape[0], topk, w1.shape[0], w2.shape[2],
-                            hidden_states.dtype, hidden_states.device)
-        return self.forward_with(config, hidden_states, w1, w2, gating_output, topk,
-                                 renormalize)
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        gating_output: torch.Tensor,
+        topk: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
+        config = get_config(
+            hidden_states.shape[0],
+            topk,
+            w1.shape[0],
+            w2.shape[2],
+            hidden_states.dtype,
+            hidden_states.device,
+        )
+        return self.forward_with(config, hidden_states, w1, w2, gating_output, topk, renormalize)
 
-    def forward_with(self, config: MoeConfig, hidden_states: torch.Tensor, w1: torch.Tensor,
-                     w2: torch.Tensor, gating_output: torch.Tensor, topk: int,
-                     renormalize: bool) -> torch.Tensor:
+    def forward_with(
+        self,
+        config: MoeConfig,
+        hidden_states: torch.Tensor,
+        w1: torch.Tensor,
+        w2: torch.Tensor,
+        gating_output: torch.Tensor,
+        topk: int,
+        renormalize: bool,
+    ) -> torch.Tensor:
         """forward with the given tile sizes (the tuner tries each)."""
         num_tokens, hidden = hidden_states.shape
         if num_tokens == 0:
@@ -41,8 +60,9 @@ class SyncFreeMoeBackend(BaseMoeBackend):
             return decode_moe(x, w1, w2, gating_output, topk, renormalize, config)
         num_experts, inter = w1.shape[0], w2.shape[2]
         weights, topk_ids, block_counts = route(gating_output, topk, renormalize)
-        sorted_ids, expert_ids, num_padded = align(topk_ids, block_counts, num_experts,
-                                                   config["BLOCK_M"])
+        sorted_ids, expert_ids, num_padded = align(
+            topk_ids, block_counts, num_experts, config["BLOCK_M"]
+        )
         h = x.new_empty(sorted_ids.numel(), inter)  # [slots, I]: silu(gate) * up, slot order
         gate_up_silu(x, w1, h, sorted_ids, expert_ids, num_padded, topk, config["gate_up"])
         y = x.new_empty(num_tokens * topk, hidden)  # [T * k, H]: already times the weight

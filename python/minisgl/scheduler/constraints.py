@@ -68,8 +68,11 @@ class GrammarManager:
         the batch still in flight, which the matchers need before they can say
         what comes next; waiting for them here lets the device run this batch's forward
         meanwhile."""
-        rows = [(i, self.grammars[r]) for i, r in enumerate(batch.reqs)
-                if r in self.grammars and r.device_len >= len(r.input_ids)]  # not a mid chunk
+        rows = [
+            (i, self.grammars[r])
+            for i, r in enumerate(batch.reqs)
+            if r in self.grammars and r.device_len >= len(r.input_ids)
+        ]  # not a mid chunk
         if not rows:
             return None
 
@@ -78,8 +81,9 @@ class GrammarManager:
             for i, grammar in rows:
                 req = batch.reqs[i]
                 grammar.catch_up(req.output_ids + _one(in_flight.get(req)))
-            bitmask, live = fill_bitmask(rows, batch.size, self.vocab_size,
-                                         pin_memory=logits.is_cuda)
+            bitmask, live = fill_bitmask(
+                rows, batch.size, self.vocab_size, pin_memory=logits.is_cuda
+            )
             apply_bitmask(logits, bitmask, live)
 
         return mask
@@ -89,8 +93,9 @@ def _one(token: int | None) -> List[int]:
     return [] if token is None else [token]
 
 
-def pending_tokens(reqs: Sequence[Req], sampled: Sequence[bool],
-                   tokens: Callable[[], List[int]]) -> Pending:
+def pending_tokens(
+    reqs: Sequence[Req], sampled: Sequence[bool], tokens: Callable[[], List[int]]
+) -> Pending:
     """The in-flight batch's tokens by request, read (waiting for their copy) only if asked."""
 
     def read() -> Dict[Req, int]:

@@ -42,7 +42,8 @@ class PrefillManager:
         and a new request fits (a row, and pages for all it may still need)."""
         admitted = [r for r in self.waiting if r.table_idx >= 0]  # mid-prefill, in chunks
         reserved = self.decode_manager.reserved_pages(self.page_size) + sum(
-            pages_to_finish(r, self.page_size) for r in admitted)
+            pages_to_finish(r, self.page_size) for r in admitted
+        )
         reqs: List[Req] = []
         for req in self.waiting:
             if budget <= 0:
@@ -76,5 +77,6 @@ class PrefillManager:
         req.table_idx = self.table_manager.allocate()
         req.cache_handle = handle
         self.cache_manager.page_table[req.table_idx, : handle.cached_len] = (
-            handle.get_matched_indices())
+            handle.get_matched_indices()
+        )
         return needed

@@ -50,14 +50,16 @@ class Speculator:
     def __init__(self, config: SchedulerConfig, engine: Engine, cache_manager: CacheManager):
         self.k, self.engine, self.cache_manager = config.speculative_k, engine, cache_manager
         self.drafter: NgramDrafter | DraftModel = (
-            NgramDrafter() if config.speculative == "ngram" else draft_model(config, engine))
+            NgramDrafter() if config.speculative == "ngram" else draft_model(config, engine)
+        )
         self._generator = torch.Generator().manual_seed(config.seed)  # unseeded requests' draws
         self.stats = SpeculativeStats()
         engine.capture_verify_graphs(self.k + 1)  # on a GPU: verify steps replay a graph
 
     @torch.inference_mode()  # the verify logits are inference tensors, edited by the mask
-    def decode(self, batch: Batch, constrained: Sequence[bool],
-               mask: Mask | None) -> Tuple[List[List[int]], List[int]]:
+    def decode(
+        self, batch: Batch, constrained: Sequence[bool], mask: Mask | None
+    ) -> Tuple[List[List[int]], List[int]]:
         """One step of ``batch``: each request's run of new tokens (1 to k + 1), which the host
         appends as if they had been sampled one per step, and the tokens each ran. ``mask``
         edits the logits rows of the constrained requests, which draft nothing."""
@@ -73,7 +75,7 @@ class Speculator:
         self.cache_manager.allocate(reqs)
         logits = self.engine.verify_logits(Batch(reqs, "verify"))  # [sum(len(d) + 1), V]
         for req, draft in zip(reqs, drafts):
-            del req.output_ids[len(req.output_ids) - len(draft):]
+            del req.output_ids[len(req.output_ids) - len(draft) :]
         ends = torch.tensor([len(d) + 1 for d in drafts]).cumsum(0)
         if mask is not None:  # a constrained request's one row is its last
             last = logits[ends - 1]
@@ -100,14 +102,20 @@ class Speculator:
         left = req.sampling_params.max_tokens - req.num_sampled
         return max(min(self.k, left - 1), 0)
 
-    def _verify(self, reqs: Sequence[Req], drafts: Sequence[List[int]], logits: torch.Tensor,
-                ends: Sequence[int]) -> List[List[int]]:
+    def _verify(
+        self,
+        reqs: Sequence[Req],
+        drafts: Sequence[List[int]],
+        logits: torch.Tensor,
+        ends: Sequence[int],
+    ) -> List[List[int]]:
         """Each request's run: by the target's argmax (greedy), else by speculative
         sampling from the target's probabilities after temperature, top-k and top-p."""
         argmax = logits.argmax(dim=-1).tolist()
         args = BatchSamplingArgs.from_params(
             [r.sampling_params for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)],
-            logits.device)
+            logits.device,
+        )
         runs = []
         for req, draft, end in zip(reqs, drafts, ends):
             rows = slice(end - len(draft) - 1, end)
@@ -139,12 +147,14 @@ class Speculator:
 def draft_model(config: SchedulerConfig, target: Engine) -> DraftModel:
     """The draft model in an engine of its own (its weights, its KV pool) with a page allocator
     of its own and no prefix cache, for requests as long as the target's."""
-    draft_config = replace(config, model_path=str(config.draft_model),
-                           max_seq_len=target.max_seq_len)
+    draft_config = replace(
+        config, model_path=str(config.draft_model), max_seq_len=target.max_seq_len
+    )
     engine = Engine(draft_config)
     page_size = draft_config.page_size
-    cache = CacheManager(engine.num_pages, page_size, engine.page_table,
-                         create_prefix_cache("naive", page_size))
+    cache = CacheManager(
+        engine.num_pages, page_size, engine.page_table, create_prefix_cache("naive", page_size)
+    )
     return DraftModel(engine, cache, target.model_config.vocab_size, target.max_seq_len)
 
 

@@ -15,19 +15,23 @@ def pages_to_finish(req: Req, page_size: int) -> int:
     return div_ceil(req.max_len - 1, page_size) - div_ceil(req.cached_len, page_size)
 
 
-def check_request(input_ids: Sequence[int], params: SamplingParams, max_seq_len: int,
-                  vocab_size: int) -> SamplingParams:
+def check_request(
+    input_ids: Sequence[int], params: SamplingParams, max_seq_len: int, vocab_size: int
+) -> SamplingParams:
     """A ValueError naming what is wrong with a request; else its sampling parameters, with
     max_tokens cut to what the context leaves after the prompt."""
     if len(input_ids) == 0:
         raise ValueError("the prompt is empty: input_ids needs at least one token")
     if len(input_ids) >= max_seq_len:
-        raise ValueError(f"the prompt has {len(input_ids)} tokens: the context holds "
-                         f"max_seq_len={max_seq_len}, so a prompt has at most {max_seq_len - 1}")
+        raise ValueError(
+            f"the prompt has {len(input_ids)} tokens: the context holds "
+            f"max_seq_len={max_seq_len}, so a prompt has at most {max_seq_len - 1}"
+        )
     for i, token in enumerate(input_ids):
         if not _is_token_id(token, vocab_size):
-            raise ValueError(f"input_ids[{i}] is {token!r}: a token id is an int in "
-                             f"[0, vocab_size={vocab_size})")
+            raise ValueError(
+                f"input_ids[{i}] is {token!r}: a token id is an int in [0, vocab_size={vocab_size})"
+            )
     params.validate()
     return replace(params, max_tokens=min(params.max_tokens, max_seq_len - len(input_ids)))
 

@@ -34,8 +34,13 @@ if TYPE_CHECKING:
 
 logger = init_logger(__name__)
 
-STAT_NAMES = ("num_running_reqs", "num_waiting_reqs", "kv_pages_total", "kv_pages_free",
-              "kv_pages_cached")
+STAT_NAMES = (
+    "num_running_reqs",
+    "num_waiting_reqs",
+    "kv_pages_total",
+    "kv_pages_free",
+    "kv_pages_cached",
+)
 
 
 class SchedulerStats:
@@ -44,8 +49,11 @@ class SchedulerStats:
     written whole; a read during a step may mix two steps' numbers, which a gauge tolerates."""
 
     def __init__(self, array: Any = None):
-        self.array = array if array is not None else mp.get_context("spawn").Array(
-            "q", len(STAT_NAMES), lock=False)
+        self.array = (
+            array
+            if array is not None
+            else mp.get_context("spawn").Array("q", len(STAT_NAMES), lock=False)
+        )
 
     def publish(self, scheduler: Any) -> None:
         """In the scheduler process. A request holds a row of the table from its admission;
@@ -64,15 +72,26 @@ def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> 
     """The scheduler (one process per rank) and the tokenizer worker, their sockets in the
     run's own directory; the ranks meet at a file there too."""
     from minisgl.tokenizer.server import tokenizer_worker  # here: see _serve
+
     config = replace(args.scheduler_config(), dist_init_addr=f"file://{workers.ipc_dir}/tp")
-    workers.start("scheduler", run_scheduler, config=config,
-                  backend_addr=workers.addr("scheduler"),
-                  detokenizer_addr=workers.addr("tokenizer"), after_step=stats.publish)
+    workers.start(
+        "scheduler",
+        run_scheduler,
+        config=config,
+        backend_addr=workers.addr("scheduler"),
+        detokenizer_addr=workers.addr("tokenizer"),
+        after_step=stats.publish,
+    )
     for rank in range(1, config.tp_size):
         workers.start(f"scheduler-{rank}", run_follower, config=replace(config, tp_rank=rank))
-    workers.start("tokenizer", tokenizer_worker, model_path=args.model_path,
-                  inbox_addr=workers.addr("tokenizer"), backend_addr=workers.addr("scheduler"),
-                  frontend_addr=workers.addr("frontend"))
+    workers.start(
+        "tokenizer",
+        tokenizer_worker,
+        model_path=args.model_path,
+        inbox_addr=workers.addr("tokenizer"),
+        backend_addr=workers.addr("scheduler"),
+        frontend_addr=workers.addr("frontend"),
+    )
 
 
 def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) -> None:
@@ -100,8 +119,11 @@ def launch_server(args: ServerArgs) -> None:
     try:
         _serve(args)
     except Stopped as stop:  # uvicorn's drain is over: it passes the signal on to Workers'
-        print(f"minisgl: {stop.signal_name} received; the server has stopped", file=sys.stderr,
-              flush=True)
+        print(
+            f"minisgl: {stop.signal_name} received; the server has stopped",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _serve(args: ServerArgs) -> None:
@@ -117,14 +139,27 @@ def _serve(args: ServerArgs) -> None:
         start_workers(workers, args, stats)
         workers.wait_ready(timeout=env.ready_timeout_s())
         frontend = Frontend(workers.addr("tokenizer"), workers.addr("frontend"), Metrics(stats))
-        config = uvicorn.Config(create_app(args, frontend), host=args.host, port=args.port,
-                                log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            create_app(args, frontend),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+        )
         server = DrainingServer(config, frontend, args.shutdown_timeout)
-        threading.Thread(target=watch_workers, args=(workers, frontend, server),
-                         name="minisgl-server-watcher", daemon=True).start()
+        threading.Thread(
+            target=watch_workers,
+            args=(workers, frontend, server),
+            name="minisgl-server-watcher",
+            daemon=True,
+        ).start()
         pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
-        print(f"minisgl: serving {args.model_path} on http://{args.host}:{args.port}; "
-              f"workers: {pids}", file=sys.stderr, flush=True)
+        print(
+            f"minisgl: serving {args.model_path} on http://{args.host}:{args.port}; "
+            f"workers: {pids}",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             server.run()
         finally:

@@ -23,11 +23,15 @@ class DraftModel:
         """``engine`` runs the draft model; ``cache`` allocates the pages of its KV pool."""
         vocab, path = engine.model_config.vocab_size, engine.config.model_path
         if vocab != target_vocab:
-            raise ValueError(f"draft model {path!r} has {vocab} tokens, the target "
-                             f"{target_vocab}: a draft must share the target's tokenizer")
+            raise ValueError(
+                f"draft model {path!r} has {vocab} tokens, the target "
+                f"{target_vocab}: a draft must share the target's tokenizer"
+            )
         if engine.max_seq_len < max_seq_len:
-            raise ValueError(f"the draft's KV pool holds {engine.max_seq_len} tokens, "
-                             f"a request may have {max_seq_len}: give it more pages")
+            raise ValueError(
+                f"the draft's KV pool holds {engine.max_seq_len} tokens, "
+                f"a request may have {max_seq_len}: give it more pages"
+            )
         self.engine, self.cache, self.page_size = engine, cache, engine.config.page_size
         self.mirrors: Dict[Req, Req] = {}
 
@@ -73,8 +77,13 @@ class DraftModel:
         first, so its cached_len stays valid)."""
         mirror = self.mirrors.get(req)
         if mirror is None:
-            mirror = Req(req.uid, [], SamplingParams(max_tokens=1), table_idx=req.table_idx,
-                         cache_handle=self.cache.prefix_cache.match_prefix([]))
+            mirror = Req(
+                req.uid,
+                [],
+                SamplingParams(max_tokens=1),
+                table_idx=req.table_idx,
+                cache_handle=self.cache.prefix_cache.match_prefix([]),
+            )
             self.mirrors[req] = mirror
         mirror.input_ids, mirror.output_ids = list(req.all_ids), []
         mirror.device_len = len(mirror.input_ids)

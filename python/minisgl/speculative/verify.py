@@ -19,9 +19,12 @@ def accept_greedy(drafts: Sequence[int], target_ids: Sequence[int]) -> List[int]
     return list(target_ids[: accepted + 1])
 
 
-def accept_sampled(drafts: Sequence[int], target_probs: torch.Tensor,
-                   generator: torch.Generator,
-                   draft_probs: torch.Tensor | None = None) -> List[int]:
+def accept_sampled(
+    drafts: Sequence[int],
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+    draft_probs: torch.Tensor | None = None,
+) -> List[int]:
     """The run a sampling request keeps, by the rule of speculative sampling (Leviathan et
     al., Chen et al., 2023): draft x_i, proposed with probability q_i(x_i), is kept with
     probability min(1, p_i(x_i) / q_i(x_i)); the first one refused is replaced by a draw from

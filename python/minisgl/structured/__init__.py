@@ -4,5 +4,11 @@ a token bitmask per constrained row of the logits."""
 from .grammar import Constraint, GrammarCompiler, RequestGrammar, constraint_of
 from .mask import apply_bitmask, fill_bitmask
 
-__all__ = ["Constraint", "GrammarCompiler", "RequestGrammar", "apply_bitmask", "constraint_of",
-           "fill_bitmask"]
+__all__ = [
+    "Constraint",
+    "GrammarCompiler",
+    "RequestGrammar",
+    "apply_bitmask",
+    "constraint_of",
+    "fill_bitmask",
+]

@@ -58,9 +58,11 @@ class GrammarCompiler:
     def _compile(self, constraint: Constraint) -> xgrammar.CompiledGrammar:
         # JSON without free whitespace: else a weak model may spend max_tokens on spaces
         json_schema = partial(self._compiler.compile_json_schema, any_whitespace=False)
-        compile_kind = {"json_schema": json_schema,
-                        "regex": self._compiler.compile_regex,
-                        "ebnf": self._compiler.compile_grammar}[constraint.kind]
+        compile_kind = {
+            "json_schema": json_schema,
+            "regex": self._compiler.compile_regex,
+            "ebnf": self._compiler.compile_grammar,
+        }[constraint.kind]
         try:
             compiled = compile_kind(constraint.text)
         except Exception as error:  # xgrammar raises RuntimeError or its own types

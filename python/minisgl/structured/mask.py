@@ -9,8 +9,12 @@ import torch
 from .grammar import RequestGrammar
 
 
-def fill_bitmask(grammars: Sequence[Tuple[int, RequestGrammar]], batch_size: int,
-                 vocab_size: int, pin_memory: bool = False) -> Tuple[torch.Tensor, List[int]]:
+def fill_bitmask(
+    grammars: Sequence[Tuple[int, RequestGrammar]],
+    batch_size: int,
+    vocab_size: int,
+    pin_memory: bool = False,
+) -> Tuple[torch.Tensor, List[int]]:
     """(row, grammar) pairs of a batch -> its bitmask (int32 [batch_size, ceil(V / 32)], on
     the host, bit t of a row set when token t is allowed) and the rows to apply it to. A row
     of its own per batch row, as xgrammar's kernel indexes the mask by the logits' row; a
@@ -39,5 +43,8 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: List[int]) 
         return
     # both copies from pinned memory, so that the host does not wait for the forward
     indices = torch.tensor(rows, dtype=torch.int32, pin_memory=True)
-    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                         indices=indices.to(logits.device, non_blocking=True))
+    xgrammar.apply_token_bitmask_inplace(
+        logits,
+        bitmask.to(logits.device, non_blocking=True),
+        indices=indices.to(logits.device, non_blocking=True),
+    )

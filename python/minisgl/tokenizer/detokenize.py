@@ -54,9 +54,12 @@ def check_stop(stop: str | Sequence[str] | None) -> Tuple[str, ...]:
     return stops
 
 
-def detokenize(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState],
-               new_ids: Sequence[Sequence[int]], finished: Sequence[bool] | None = None
-               ) -> List[str]:
+def detokenize(
+    tokenizer: PreTrainedTokenizerBase,
+    states: Sequence[DecodeState],
+    new_ids: Sequence[Sequence[int]],
+    finished: Sequence[bool] | None = None,
+) -> List[str]:
     """Give each request its new ids (often one, maybe none) and return, per request, the text
     it may send now ("" when nothing is final yet). ``finished[i]`` says request i ends with
     these ids: what was held back is sent then. Leave out an EOS that ended a request, as
@@ -68,8 +71,10 @@ def detokenize(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState]
     """
     finished = [False] * len(states) if finished is None else list(finished)
     if not len(states) == len(new_ids) == len(finished):
-        raise ValueError(f"{len(states)} states, {len(new_ids)} lists of new ids and "
-                         f"{len(finished)} finished flags: one each per request")
+        raise ValueError(
+            f"{len(states)} states, {len(new_ids)} lists of new ids and "
+            f"{len(finished)} finished flags: one each per request"
+        )
     for i, (state, ids) in enumerate(zip(states, new_ids)):
         if state.finished:
             raise ValueError(f"request {i} has finished: it takes no more ids")
@@ -93,8 +98,9 @@ def _token_ids(ids: Sequence[int], request: int) -> List[int]:
         raise type(e)(f"request {request}: new {e}") from None
 
 
-def _decode(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState],
-            surrounding: bool) -> List[str]:
+def _decode(
+    tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState], surrounding: bool
+) -> List[str]:
     """Each state's window ids[surr_offset:] (or only its context, ids[surr_offset:read_offset]),
     decoded in one batch per setting of skip_special_tokens."""
     texts = [""] * len(states)
@@ -103,8 +109,9 @@ def _decode(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState],
         if not rows:
             continue
         windows = [_window(states[i], surrounding) for i in rows]
-        decoded = tokenizer.batch_decode(windows, skip_special_tokens=skip,
-                                         clean_up_tokenization_spaces=False)  # see the top
+        decoded = tokenizer.batch_decode(
+            windows, skip_special_tokens=skip, clean_up_tokenization_spaces=False
+        )  # see the top
         for i, text in zip(rows, decoded):
             texts[i] = text
     return texts
@@ -112,12 +119,12 @@ def _decode(tokenizer: PreTrainedTokenizerBase, states: Sequence[DecodeState],
 
 def _window(state: DecodeState, context_only: bool) -> List[int]:
     end = state.read_offset if context_only else len(state.ids)
-    return state.ids[state.surr_offset:end]
+    return state.ids[state.surr_offset : end]
 
 
 def _advance(state: DecodeState, read_text: str, surr_text: str, finished: bool) -> str:
     """Move the offsets past what is final and return the piece that may be sent."""
-    new_text = read_text[len(surr_text):]  # what ids[read_offset:] add to the text
+    new_text = read_text[len(surr_text) :]  # what ids[read_offset:] add to the text
     if finished or (new_text and not new_text.endswith(REPLACEMENT)):
         state.text += new_text  # ends on a whole character: final
         state.surr_offset, state.read_offset = state.read_offset, len(state.ids)

@@ -46,8 +46,9 @@ class TokenizerServer:
         self.tokenizer = tokenizer
         self._requests: Dict[int, _Request] = {}  # uid -> request, until its reply finishes
 
-    def handle(self, msgs: Sequence[BaseTokenizerMsg | ExitMsg]
-               ) -> Tuple[List[BaseBackendMsg], List[UserReply]]:
+    def handle(
+        self, msgs: Sequence[BaseTokenizerMsg | ExitMsg]
+    ) -> Tuple[List[BaseBackendMsg], List[UserReply]]:
         """New requests first, then the scheduler's tokens, then aborts; an exit message is
         passed on to the scheduler, last."""
         to_backend: List[BaseBackendMsg] = []
@@ -62,22 +63,28 @@ class TokenizerServer:
         to_backend += [msg for msg in msgs if isinstance(msg, ExitMsg)]
         return to_backend, replies
 
-    def _tokenize(self, msg: TokenizeMsg, to_backend: List[BaseBackendMsg],
-                  replies: List[UserReply]) -> None:
+    def _tokenize(
+        self, msg: TokenizeMsg, to_backend: List[BaseBackendMsg], replies: List[UserReply]
+    ) -> None:
         is_chat = isinstance(msg.text, list) and any(isinstance(m, dict) for m in msg.text)
         try:
-            ids = (tokenize_request(self.tokenizer, messages=msg.text) if is_chat
-                   else tokenize_request(self.tokenizer, prompt=msg.text))
+            ids = (
+                tokenize_request(self.tokenizer, messages=msg.text)
+                if is_chat
+                else tokenize_request(self.tokenizer, prompt=msg.text)
+            )
             state = DecodeState(stop=msg.stop)
         except (TypeError, ValueError) as e:
             replies.append(UserReply(msg.uid, "", True, finish_reason="error", error=str(e)))
             return
         self._requests[msg.uid] = _Request(state, len(ids))
-        to_backend.append(UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32),
-                                  msg.sampling_params))
+        to_backend.append(
+            UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), msg.sampling_params)
+        )
 
-    def _detokenize(self, msgs: List[DetokenizeMsg], to_backend: List[BaseBackendMsg],
-                    replies: List[UserReply]) -> None:
+    def _detokenize(
+        self, msgs: List[DetokenizeMsg], to_backend: List[BaseBackendMsg], replies: List[UserReply]
+    ) -> None:
         """The scheduler's tokens, one reply per request. A worker that fell behind may hold
         several steps of a request: they are detokenized step by step (each step one batched
         call over the requests), so that a stop string ends the reply at the token that
@@ -93,9 +100,10 @@ class TokenizerServer:
                 del self._requests[msg.uid]
             else:
                 queues.setdefault(msg.uid, []).append(msg)
-        out = {uid: UserReply(uid, "", False,
-                              num_prompt_tokens=self._requests[uid].num_prompt_tokens)
-               for uid in queues}
+        out = {
+            uid: UserReply(uid, "", False, num_prompt_tokens=self._requests[uid].num_prompt_tokens)
+            for uid in queues
+        }
         while queues:
             step = {uid: queue.pop(0) for uid, queue in queues.items()}
             states = [self._requests[uid].state for uid in step]
@@ -118,8 +126,13 @@ class TokenizerServer:
         replies.extend(out.values())
 
 
-def tokenizer_worker(model_path: str, inbox_addr: str, backend_addr: str, frontend_addr: str,
-                     ready: Callable[[], None] = lambda: None) -> None:
+def tokenizer_worker(
+    model_path: str,
+    inbox_addr: str,
+    backend_addr: str,
+    frontend_addr: str,
+    ready: Callable[[], None] = lambda: None,
+) -> None:
     """The worker process: binds its inbox (the frontend and the scheduler both connect to it),
     says ready, and serves until an exit message, which it passes on to the scheduler."""
     server = TokenizerServer(AutoTokenizer.from_pretrained(model_path))
@@ -133,8 +146,11 @@ def tokenizer_worker(model_path: str, inbox_addr: str, backend_addr: str, fronte
             msgs = [ExitMsg() if first is None else first]  # the parent gone: exit
             while (msg := inbox.get_nowait()) is not None:
                 msgs.append(msg)
-            msgs = [m for msg in msgs for m in (msg.data if isinstance(msg, BatchTokenizerMsg)
-                                                else [msg])]
+            msgs = [
+                m
+                for msg in msgs
+                for m in (msg.data if isinstance(msg, BatchTokenizerMsg) else [msg])
+            ]
             backend_msgs, replies = server.handle(msgs)
             _put_batched(to_backend, backend_msgs, BatchBackendMsg)
             _put_batched(to_frontend, replies, BatchFrontendMsg)

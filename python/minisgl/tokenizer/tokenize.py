@@ -58,14 +58,19 @@ def apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: Sequence[M
     tokenizer's own (``chat_template`` in its files)."""
     if tokenizer.chat_template is None:
         raise ValueError("this tokenizer has no chat template: send a prompt, not messages")
-    text = tokenizer.apply_chat_template(check_messages(messages), tokenize=False,
-                                         add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        check_messages(messages), tokenize=False, add_generation_prompt=True
+    )
     assert isinstance(text, str)
     return text
 
 
-def tokenize_request(tokenizer: PreTrainedTokenizerBase, *, prompt: str | Sequence[int] |
-                     None = None, messages: Sequence[Message] | None = None) -> List[int]:
+def tokenize_request(
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    prompt: str | Sequence[int] | None = None,
+    messages: Sequence[Message] | None = None,
+) -> List[int]:
     """A request's input ids, from exactly one of ``prompt`` (text, or token ids taken as they
     are) and ``messages`` (chat, through the template).
 

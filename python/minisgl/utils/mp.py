@@ -21,13 +21,12 @@ import traceback
 import weakref
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Callable, Dict, Generic, List, Sequence, Tuple, TypeVar
-
-import msgpack
-import zmq
-import zmq.asyncio
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generic, List, Sequence, Tuple, TypeVar
 
 from .logger import init_logger
+
+if TYPE_CHECKING:
+    import zmq
 
 T = TypeVar("T")
 LINGER_MS = 2000  # how long close() waits for messages not yet sent, so an exit never hangs
@@ -45,9 +44,16 @@ class _ZmqQueue:
     waits for ever for the socket still open. A ``weakref.finalize`` runs before that.
     """
 
-    def __init__(self, context: zmq.Context, kind: int, addr: str, create: bool):
-        self.context = context
-        self.socket = context.socket(kind)
+    def __init__(self, kind: str, addr: str, create: bool, asyncio: bool = False):
+        # imported here, not at the top: the offline API imports this module for ``Workers``
+        # alone, on machines that may lack the server's packages
+        import msgpack
+        import zmq
+        import zmq.asyncio
+
+        self.zmq, self.msgpack = zmq, msgpack
+        self.context = zmq.asyncio.Context() if asyncio else zmq.Context()
+        self.socket = self.context.socket(getattr(zmq, kind))
         self.socket.setsockopt(zmq.LINGER, LINGER_MS)
         self.socket.bind(addr) if create else self.socket.connect(addr)
         bound_ipc = create and addr.startswith("ipc://")
@@ -71,11 +77,11 @@ class ZmqPushQueue(_ZmqQueue, Generic[T]):
     """The sending end: ``put`` queues the message and returns (ZMQ sends it in the background)."""
 
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        super().__init__(zmq.Context(), zmq.PUSH, addr, create)
+        super().__init__("PUSH", addr, create)
         self.encoder = encoder
 
     def put(self, obj: T) -> None:
-        self.socket.send(msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
+        self.socket.send(self.msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
 
 
 class ZmqPullQueue(_ZmqQueue, Generic[T]):
@@ -83,16 +89,16 @@ class ZmqPullQueue(_ZmqQueue, Generic[T]):
     descriptors (a process's sentinel) so that a dead peer wakes it rather than hangs it."""
 
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        super().__init__(zmq.Context(), zmq.PULL, addr, create)
+        super().__init__("PULL", addr, create)
         self.decoder = decoder
 
     def get(self, timeout: float | None = None, watch: Sequence[int] = ()) -> T | None:
         """The next message; None if a watched fd became readable first (a process ended);
         TimeoutError after ``timeout`` seconds (None: wait as long as it takes)."""
-        poller = zmq.Poller()
-        poller.register(self.socket, zmq.POLLIN)
+        poller = self.zmq.Poller()
+        poller.register(self.socket, self.zmq.POLLIN)
         for fd in watch:
-            poller.register(fd, zmq.POLLIN)
+            poller.register(fd, self.zmq.POLLIN)
         ready = dict(poller.poll(None if timeout is None else int(timeout * 1000)))
         if self.socket in ready:
             return self.get_nowait()
@@ -103,32 +109,33 @@ class ZmqPullQueue(_ZmqQueue, Generic[T]):
     def get_nowait(self) -> T | None:
         """The next message if one has arrived, else None."""
         try:
-            raw = self.socket.recv(flags=zmq.NOBLOCK)
-        except zmq.Again:
+            raw = self.socket.recv(flags=self.zmq.NOBLOCK)
+        except self.zmq.Again:
             return None
-        return self.decoder(msgpack.unpackb(raw, raw=False))
+        return self.decoder(self.msgpack.unpackb(raw, raw=False))
 
 
 class ZmqAsyncPushQueue(_ZmqQueue, Generic[T]):
     """``ZmqPushQueue`` for an asyncio program (the API server)."""
 
     def __init__(self, addr: str, create: bool, encoder: Callable[[T], Any]):
-        super().__init__(zmq.asyncio.Context(), zmq.PUSH, addr, create)
+        super().__init__("PUSH", addr, create, asyncio=True)
         self.encoder = encoder
 
     async def put(self, obj: T) -> None:
-        await self.socket.send(msgpack.packb(self.encoder(obj), use_bin_type=True), copy=False)
+        packed = self.msgpack.packb(self.encoder(obj), use_bin_type=True)
+        await self.socket.send(packed, copy=False)
 
 
 class ZmqAsyncPullQueue(_ZmqQueue, Generic[T]):
     """``ZmqPullQueue`` for an asyncio program: ``await get()`` lets other tasks run meanwhile."""
 
     def __init__(self, addr: str, create: bool, decoder: Callable[[Any], T]):
-        super().__init__(zmq.asyncio.Context(), zmq.PULL, addr, create)
+        super().__init__("PULL", addr, create, asyncio=True)
         self.decoder = decoder
 
     async def get(self) -> T:
-        return self.decoder(msgpack.unpackb(await self.socket.recv(), raw=False))
+        return self.decoder(self.msgpack.unpackb(await self.socket.recv(), raw=False))
 
 
 def parent_sentinel() -> List[int]:
@@ -172,8 +179,12 @@ class Workers:
 
     def start(self, name: str, target: Callable[..., None], **kwargs: Any) -> None:
         receiver, sender = self._spawn.Pipe(duplex=False)
-        proc = self._spawn.Process(target=_worker_main, args=(name, target, kwargs, sender),
-                                   name=f"minisgl-{name}", daemon=True)
+        proc = self._spawn.Process(
+            target=_worker_main,
+            args=(name, target, kwargs, sender),
+            name=f"minisgl-{name}",
+            daemon=True,
+        )
         proc.start()
         sender.close()  # the child holds the sending end now
         self.procs[name], self._ready[name] = proc, receiver
@@ -255,8 +266,9 @@ class Workers:
         _end_all(self.procs.values())
 
 
-def _worker_main(name: str, target: Callable[..., None], kwargs: Dict[str, Any],
-                 ready: Connection) -> None:
+def _worker_main(
+    name: str, target: Callable[..., None], kwargs: Dict[str, Any], ready: Connection
+) -> None:
     """A worker's first frame: Ctrl-C goes to the whole terminal's process group, but only the
     main process decides when to stop, so the worker ignores SIGINT."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -268,8 +280,11 @@ def _worker_main(name: str, target: Callable[..., None], kwargs: Dict[str, Any],
 
 
 def _death_message(name: str, exitcode: int) -> str:
-    how = (f"was killed by {signal.Signals(-exitcode).name}" if exitcode < 0
-           else f"exited with code {exitcode}")
+    how = (
+        f"was killed by {signal.Signals(-exitcode).name}"
+        if exitcode < 0
+        else f"exited with code {exitcode}"
+    )
     return f"the {name} process {how}"
 
 

@@ -8,7 +8,7 @@ import torch
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto": the GPU when there is one, else the CPU."""
+    """ "auto": the GPU when there is one, else the CPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
@@ -36,8 +36,9 @@ class StepTimer:
     it.
     """
 
-    def __init__(self, enabled: bool = False, device: torch.device = torch.device("cpu"),
-                 nvtx: bool = False):
+    def __init__(
+        self, enabled: bool = False, device: torch.device = torch.device("cpu"), nvtx: bool = False
+    ):
         self.enabled = enabled
         self.device = device
         self.nvtx = nvtx and device.type == "cuda"

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
 from minisgl.utils.misc import div_ceil, get_tp_info
 
 from .base import BaseOP
@@ -39,8 +40,9 @@ class ParallelLMHead(BaseOP):
     its own: one storage, read by both, filled by loading either name.
     """
 
-    def __init__(self, num_embeddings: int, embedding_dim: int,
-                 tie_to: VocabParallelEmbedding | None = None):
+    def __init__(
+        self, num_embeddings: int, embedding_dim: int, tie_to: VocabParallelEmbedding | None = None
+    ):
         if tie_to is not None:
             self.weight = tie_to.weight
         else:

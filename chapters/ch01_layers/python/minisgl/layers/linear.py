@@ -4,6 +4,7 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+
 from minisgl.utils.misc import div_even, get_tp_info
 
 from .base import BaseOP
@@ -60,8 +61,14 @@ class LinearQKVMerged(_Linear):
     ``split`` cuts the output back into q: [T, Hq * D], k and v: [T, Hkv * D].
     """
 
-    def __init__(self, hidden_size: int, head_dim: int, num_qo_heads: int, num_kv_heads: int,
-                 has_bias: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        num_qo_heads: int,
+        num_kv_heads: int,
+        has_bias: bool = False,
+    ):
         tp_size = get_tp_info().size
         self.head_dim = head_dim
         self.num_qo_heads = div_even(num_qo_heads, tp_size)  # heads on this rank

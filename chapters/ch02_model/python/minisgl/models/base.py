@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import torch
+
 from minisgl.layers.base import BaseOP
 
 from .config import ModelConfig

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import torch
+
 from minisgl.layers.activation import silu_and_mul
 from minisgl.layers.base import BaseOP
 from minisgl.layers.linear import LinearColParallelMerged, LinearRowParallel

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Iterator, List, Sequence
 
 import torch
+
 from minisgl.utils.hf import read_hf_config, resolve_model_dir
 
 from .base import BaseLLMModel
@@ -36,8 +37,9 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(old)
 
 
-def load_model(path: str | Path, device: str | torch.device = "cpu",
-               dtype: torch.dtype | None = None) -> BaseLLMModel:
+def load_model(
+    path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> BaseLLMModel:
     """Read config.json, build the model in the checkpoint's dtype (or ``dtype``) on ``device``,
     and fill it from the checkpoint's safetensors."""
     model_dir = resolve_model_dir(path)
@@ -66,8 +68,15 @@ def generate_greedy_recompute(model: BaseLLMModel, token_ids: Sequence[int], n: 
     ids = list(token_ids)
     for _ in range(n):
         ids.append(int(sequence_logits(model, ids)[-1].argmax()))
-    return ids[len(token_ids):]
+    return ids[len(token_ids) :]
 
 
-__all__ = ["BaseLLMModel", "ModelConfig", "create_model", "generate_greedy_recompute",
-           "get_model_class", "load_model", "sequence_logits"]
+__all__ = [
+    "BaseLLMModel",
+    "ModelConfig",
+    "create_model",
+    "generate_greedy_recompute",
+    "get_model_class",
+    "load_model",
+    "sequence_logits",
+]

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
-from minisgl.utils.hf import safetensors_files
 from safetensors import safe_open
+
+from minisgl.utils.hf import safetensors_files
 
 from .config import ModelConfig
 
@@ -42,8 +43,9 @@ def _merge_rule(name: str, num_experts: int) -> Tuple[str, List[str], Combine] |
         if m[3] == "down":  # [E, H, I]; no ".weight": a 3-D tensor, not a linear layer's weight
             parts = [f"{experts}.{e}.down_proj.weight" for e in range(num_experts)]
             return f"{experts}.down_proj", parts, torch.stack
-        parts = [f"{experts}.{e}.{p}_proj.weight"
-                 for e in range(num_experts) for p in ("gate", "up")]
+        parts = [
+            f"{experts}.{e}.{p}_proj.weight" for e in range(num_experts) for p in ("gate", "up")
+        ]
         return f"{experts}.gate_up_proj", parts, _pack_gate_up
     if m := _QKV.fullmatch(name):
         parts = [f"{m[1]}.{p}_proj.{m[3]}" for p in "qkv"]
@@ -94,7 +96,8 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> Iterator[Tuple[s
             yield merged, combine([found[p] for p in parts])
     for merged, (parts, found) in pending.items():
         missing = next(p for p in parts if p not in found)
-        raise ValueError(f"checkpoint {str(model_dir)!r} has no tensor {missing!r} "
-                         f"(a part of {merged!r})")
+        raise ValueError(
+            f"checkpoint {str(model_dir)!r} has no tensor {missing!r} (a part of {merged!r})"
+        )
     if config.tie_word_embeddings and not has_lm_head and embedding is not None:
         yield "lm_head.weight", embedding

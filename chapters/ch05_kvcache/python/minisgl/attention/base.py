@@ -5,6 +5,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+
 from minisgl.core import Batch
 
 
@@ -20,6 +21,7 @@ class BaseAttnBackend(ABC):
     def prepare_metadata(self, batch: Batch) -> None: ...
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hkv, D], the batch's T new tokens -> [T, Hq, D]."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
 from minisgl.kvcache import create_kvcache_pool
@@ -38,19 +39,23 @@ class Engine:
         asked_len = config.max_seq_len or self.model_config.max_position_embeddings
         self.num_pages = self._determine_num_pages(used_before, asked_len)
         self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
-            self.model_config, self.num_pages + 1, config.page_size, self.dtype, self.device)
+            self.model_config, self.num_pages + 1, config.page_size, self.dtype, self.device
+        )
         num_slots = self.num_pages * config.page_size
         self.max_seq_len = min(asked_len, num_slots)
         # row max_running_req is the dummy request's, pointing at the dummy page; whole pages
         width = div_ceil(self.max_seq_len, config.page_size) * config.page_size
         self.ctx.page_table = self.page_table = torch.zeros(
-            config.max_running_req + 1, width, dtype=torch.int32, device=self.device)
-        self.dummy_req = Req(-1, [0], SamplingParams(max_tokens=1),
-                             table_idx=config.max_running_req)
+            config.max_running_req + 1, width, dtype=torch.int32, device=self.device
+        )
+        self.dummy_req = Req(
+            -1, [0], SamplingParams(max_tokens=1), table_idx=config.max_running_req
+        )
         self.page_table[self.dummy_req.table_idx].fill_(num_slots)
 
         self.ctx.attn_backend = self.attn_backend = create_attention_backend(
-            config.attention_backend, self.model_config, self.device)
+            config.attention_backend, self.model_config, self.device
+        )
         if self.model_config.is_moe:
             from minisgl.moe import create_moe_backend  # forward reference: ch20
 
@@ -66,8 +71,7 @@ class Engine:
         """K and V of ``page_size`` tokens in every layer, for this rank's KV heads."""
         c = self.model_config
         kv_heads = div_even(c.num_kv_heads, get_tp_info().size)
-        return 2 * c.num_layers * self.config.page_size * kv_heads * c.head_dim * nbytes(
-            self.dtype)
+        return 2 * c.num_layers * self.config.page_size * kv_heads * c.head_dim * nbytes(self.dtype)
 
     def _determine_num_pages(self, used_before: int, max_seq_len: int) -> int:
         """``config.num_pages``, or as many pages as the budget holds (on a GPU the share

@@ -4,7 +4,7 @@ import torch
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
-    """"auto": the GPU when there is one, else the CPU."""
+    """ "auto": the GPU when there is one, else the CPU."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)

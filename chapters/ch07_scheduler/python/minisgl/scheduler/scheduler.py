@@ -28,9 +28,12 @@ class Scheduler:
         self.engine = Engine(config)
         self.page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req)
-        self.cache_manager = CacheManager(self.engine.num_pages, config.page_size,
-                                          self.engine.page_table,
-                                          create_prefix_cache(config.cache_type, config.page_size))
+        self.cache_manager = CacheManager(
+            self.engine.num_pages,
+            config.page_size,
+            self.engine.page_table,
+            create_prefix_cache(config.cache_type, config.page_size),
+        )
         self.decode_manager = DecodeManager()
         self.waiting: List[Req] = []  # arrived, not yet admitted, in order of arrival
         self.eos_token_ids = _eos_token_ids(config.model_path)
@@ -38,8 +41,9 @@ class Scheduler:
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
         """Queue a request; a ValueError naming the field if it is bad (nothing is queued)."""
-        params = check_request(input_ids, params, self.engine.max_seq_len,
-                               self.engine.model_config.vocab_size)
+        params = check_request(
+            input_ids, params, self.engine.max_seq_len, self.engine.model_config.vocab_size
+        )
         req = Req(self._next_uid, list(input_ids), params)
         self._next_uid += 1
         self.waiting.append(req)

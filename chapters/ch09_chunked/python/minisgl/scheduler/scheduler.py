@@ -30,19 +30,24 @@ class Scheduler:
         self.engine = Engine(config)
         self.page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req)
-        self.cache_manager = CacheManager(self.engine.num_pages, config.page_size,
-                                          self.engine.page_table,
-                                          create_prefix_cache(config.cache_type, config.page_size))
+        self.cache_manager = CacheManager(
+            self.engine.num_pages,
+            config.page_size,
+            self.engine.page_table,
+            create_prefix_cache(config.cache_type, config.page_size),
+        )
         self.decode_manager = DecodeManager()
-        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager,
-                                              self.decode_manager, config.page_size)
+        self.prefill_manager = PrefillManager(
+            self.cache_manager, self.table_manager, self.decode_manager, config.page_size
+        )
         self.eos_token_ids = _eos_token_ids(config.model_path)
         self._next_uid = 0
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
         """Queue a request; a ValueError naming the field if it is bad (nothing is queued)."""
-        params = check_request(input_ids, params, self.engine.max_seq_len,
-                               self.engine.model_config.vocab_size)
+        params = check_request(
+            input_ids, params, self.engine.max_seq_len, self.engine.model_config.vocab_size
+        )
         req = Req(self._next_uid, list(input_ids), params)
         self._next_uid += 1
         self.prefill_manager.add_req(req)
@@ -59,8 +64,10 @@ class Scheduler:
 
     def step(self) -> StepOutput | None:
         """Schedule one batch (prefill first), run it, and process its tokens. None when idle."""
-        batch = (self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
-                 or self.decode_manager.schedule_next_batch())
+        batch = (
+            self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
+            or self.decode_manager.schedule_next_batch()
+        )
         if batch is None:
             return None
         extend_lens = [r.extend_len for r in batch.reqs]

@@ -30,8 +30,7 @@ class SchedulerIO:
 
     def __init__(self, backend_addr: str, detokenizer_addr: str):
         self._recv = ZmqPullQueue(backend_addr, create=True, decoder=BaseBackendMsg.decoder)
-        self._send = ZmqPushQueue(detokenizer_addr, create=False,
-                                  encoder=BaseTokenizerMsg.encoder)
+        self._send = ZmqPushQueue(detokenizer_addr, create=False, encoder=BaseTokenizerMsg.encoder)
 
     def receive(self, block: bool) -> List[BaseBackendMsg]:
         """Every message that has arrived, batches unpacked. With ``block`` (nothing to run), it
@@ -43,8 +42,9 @@ class SchedulerIO:
             msgs.append(ExitMsg() if first is None else first)
         while (msg := self._recv.get_nowait()) is not None:
             msgs.append(msg)
-        return [m for msg in msgs for m in (msg.data if isinstance(msg, BatchBackendMsg)
-                                            else [msg])]
+        return [
+            m for msg in msgs for m in (msg.data if isinstance(msg, BatchBackendMsg) else [msg])
+        ]
 
     def send(self, msgs: List[DetokenizeMsg]) -> None:
         """One step's messages in one send."""
@@ -72,8 +72,7 @@ class SchedulerLoop:
     so the loop keeps the map between the two while the request runs.
     """
 
-    def __init__(self, scheduler: Scheduler,
-                 after_step: Callable[[Scheduler], None] | None = None):
+    def __init__(self, scheduler: Scheduler, after_step: Callable[[Scheduler], None] | None = None):
         self.scheduler = scheduler
         self.after_step = after_step  # e.g. the server's gauges, written after every step
         self._by_uid: Dict[int, _Running] = {}  # frontend uid -> running request
@@ -132,11 +131,14 @@ class SchedulerLoop:
         msgs = []
         for req_uid in out.uids:
             run, done = self._by_req[req_uid], req_uid in finished
-            new = run.req.output_ids[run.sent:]  # one token, or none for a chunk of a prompt
+            new = run.req.output_ids[run.sent :]  # one token, or none for a chunk of a prompt
             for i, token in enumerate(new):
                 last = done and i == len(new) - 1
-                msgs.append(DetokenizeMsg(run.uid, token, last,
-                                          _api_reason(finished[req_uid]) if last else ""))
+                msgs.append(
+                    DetokenizeMsg(
+                        run.uid, token, last, _api_reason(finished[req_uid]) if last else ""
+                    )
+                )
             run.sent = len(run.req.output_ids)
             if done:
                 del self._by_uid[run.uid], self._by_req[req_uid]
@@ -149,9 +151,13 @@ def _api_reason(why: str) -> str:
     return "length" if why == "length" else "stop"
 
 
-def run_scheduler(config: SchedulerConfig, backend_addr: str, detokenizer_addr: str,
-                  ready: Callable[[], None] = lambda: None,
-                  after_step: Callable[[Scheduler], None] | None = None) -> None:
+def run_scheduler(
+    config: SchedulerConfig,
+    backend_addr: str,
+    detokenizer_addr: str,
+    ready: Callable[[], None] = lambda: None,
+    after_step: Callable[[Scheduler], None] | None = None,
+) -> None:
     """The scheduler process: build the engine, bind the socket, say ready, serve until an exit
     message (or the parent's end)."""
     scheduler = Scheduler(config)

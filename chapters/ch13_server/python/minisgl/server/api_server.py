@@ -22,6 +22,17 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
+from starlette.exceptions import HTTPException
+
 from minisgl.core import SamplingParams
 from minisgl.message import (
     AbortMsg,
@@ -33,16 +44,6 @@ from minisgl.message import (
 )
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-    generate_latest,
-)
-from pydantic import BaseModel, ConfigDict, Field, StrictInt
-from starlette.exceptions import HTTPException
 
 from .args import ServerArgs
 
@@ -56,14 +57,25 @@ logger = init_logger(__name__)
 class APIError(Exception):
     """An error the client gets as ``{"error": {"message", "type", "param", "code"}}``."""
 
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
-                 param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
     def body(self) -> Dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.status}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
@@ -93,8 +105,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        message = (f"no route {request.method} {request.url.path}" if exc.status_code == 404
-                   else str(exc.detail))
+        message = (
+            f"no route {request.method} {request.url.path}"
+            if exc.status_code == 404
+            else str(exc.detail)
+        )
         return APIError(exc.status_code, message).response()
 
     @app.exception_handler(Exception)
@@ -132,10 +147,18 @@ class ChatRequest(_Sampling):
 
 
 UNSUPPORTED: Dict[str, tuple] = {  # parameter -> the values that ask for nothing
-    "n": (None, 1), "best_of": (None, 1), "logprobs": (None, False), "top_logprobs": (None, 0),
-    "echo": (None, False), "suffix": (None, ""), "tools": (None, []),
-    "tool_choice": (None, "none"), "functions": (None, []), "logit_bias": (None, {}),
-    "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "functions": (None, []),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
 }
 
 
@@ -147,8 +170,14 @@ def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
     if max_tokens is None:
         max_tokens = 1 << 30  # as many as the context leaves (the scheduler cuts it)
     try:
-        return SamplingParams(temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
-                              max_tokens=max_tokens, ignore_eos=req.ignore_eos, seed=req.seed)
+        return SamplingParams(
+            temperature=req.temperature,
+            top_k=req.top_k,
+            top_p=req.top_p,
+            max_tokens=max_tokens,
+            ignore_eos=req.ignore_eos,
+            seed=req.seed,
+        )
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split()[0]) from None
 
@@ -178,19 +207,32 @@ class Metrics:
         disable_created_metrics()  # no *_created series: they only repeat the start time
         self.stats = stats
         self.registry = r = CollectorRegistry()
-        self.gauges = {name: Gauge(f"minisgl:{name}", name.replace("_", " "), registry=r)
-                       for name in stats.read()}
-        self.prompt_tokens = Counter("minisgl:prompt_tokens", "prompt tokens of finished "
-                                     "requests", registry=r)
-        self.generation_tokens = Counter("minisgl:generation_tokens", "tokens generated",
-                                         registry=r)
+        self.gauges = {
+            name: Gauge(f"minisgl:{name}", name.replace("_", " "), registry=r)
+            for name in stats.read()
+        }
+        self.prompt_tokens = Counter(
+            "minisgl:prompt_tokens", "prompt tokens of finished requests", registry=r
+        )
+        self.generation_tokens = Counter(
+            "minisgl:generation_tokens", "tokens generated", registry=r
+        )
         buckets = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-        self.ttft = Histogram("minisgl:time_to_first_token_seconds", "time to first token",
-                              buckets=buckets, registry=r)
-        self.tpot = Histogram("minisgl:time_per_output_token_seconds", "time per output token "
-                              "after the first", buckets=buckets, registry=r)
-        self.e2e = Histogram("minisgl:e2e_request_latency_seconds", "request latency",
-                             buckets=buckets, registry=r)
+        self.ttft = Histogram(
+            "minisgl:time_to_first_token_seconds",
+            "time to first token",
+            buckets=buckets,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "minisgl:time_per_output_token_seconds",
+            "time per output token after the first",
+            buckets=buckets,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "minisgl:e2e_request_latency_seconds", "request latency", buckets=buckets, registry=r
+        )
 
     def observe(self, t: Timing) -> None:
         """A request that ended (finished, or its client left)."""
@@ -215,8 +257,11 @@ class Frontend:
     routes every reply to the request waiting for it (by uid)."""
 
     def __init__(self, tokenizer_addr: str, frontend_addr: str, metrics: Metrics):
-        self.tokenizer_addr, self.frontend_addr, self.metrics = (tokenizer_addr, frontend_addr,
-                                                                 metrics)
+        self.tokenizer_addr, self.frontend_addr, self.metrics = (
+            tokenizer_addr,
+            frontend_addr,
+            metrics,
+        )
         self.failure: str | None = None  # set once a worker has died: every request gets a 503
         self.cut_reason: str | None = None  # set when a shutdown's drain time is over
         self._waiting: Dict[int, asyncio.Queue[UserReply | None]] = {}
@@ -227,10 +272,12 @@ class Frontend:
     async def start(self) -> None:
         """In the server's event loop: bind the reply socket and route replies from now on."""
         self.loop = asyncio.get_running_loop()
-        self._send = ZmqAsyncPushQueue(self.tokenizer_addr, create=False,
-                                       encoder=BaseTokenizerMsg.encoder)
-        self._recv = ZmqAsyncPullQueue(self.frontend_addr, create=True,
-                                       decoder=BaseFrontendMsg.decoder)
+        self._send = ZmqAsyncPushQueue(
+            self.tokenizer_addr, create=False, encoder=BaseTokenizerMsg.encoder
+        )
+        self._recv = ZmqAsyncPullQueue(
+            self.frontend_addr, create=True, decoder=BaseFrontendMsg.decoder
+        )
         self._spawn(self._route_replies())
 
     def close(self) -> None:
@@ -247,9 +294,11 @@ class Frontend:
 
     def fail(self, message: str) -> None:
         """From any thread: a worker died, so every waiting request ends with a 503."""
+
         def wake_all() -> None:
             self.failure = message
             self._wake_all()
+
         self.loop.call_soon_threadsafe(wake_all)
 
     def cut(self, message: str) -> int:
@@ -264,8 +313,12 @@ class Frontend:
             queue.put_nowait(None)  # None: look at failure and cut_reason
         return len(self._waiting)
 
-    async def generate(self, text: str | Sequence[int] | List[Dict[str, Any]],
-                       params: SamplingParams, stop: List[str]) -> AsyncIterator[UserReply]:
+    async def generate(
+        self,
+        text: str | Sequence[int] | List[Dict[str, Any]],
+        params: SamplingParams,
+        stop: List[str],
+    ) -> AsyncIterator[UserReply]:
         """One request's reply pieces, the last one ``finished``. An APIError if the request is
         refused (400) or a worker dies (503). Left early (the client went away), it aborts the
         request, so the scheduler frees its pages."""
@@ -330,25 +383,36 @@ class ReplyFormat:
 
     def _envelope(self, obj: str, choice: Dict[str, Any]) -> Dict[str, Any]:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
-        return {"id": prefix + self.id, "object": obj, "created": self.created,
-                "model": self.model, "choices": [{"index": 0, **choice}]}
+        return {
+            "id": prefix + self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, **choice}],
+        }
 
     def whole(self, text: str, finish_reason: str, usage: Dict[str, int]) -> Dict[str, Any]:
-        choice = ({"message": {"role": "assistant", "content": text}} if self.chat
-                  else {"text": text, "logprobs": None})
+        choice = (
+            {"message": {"role": "assistant", "content": text}}
+            if self.chat
+            else {"text": text, "logprobs": None}
+        )
         obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(obj, {**choice, "finish_reason": finish_reason}),
-                "usage": usage}
+        return {**self._envelope(obj, {**choice, "finish_reason": finish_reason}), "usage": usage}
 
-    def chunk(self, piece: str | None, finish_reason: str | None,
-              role: bool = False) -> Dict[str, Any]:
+    def chunk(
+        self, piece: str | None, finish_reason: str | None, role: bool = False
+    ) -> Dict[str, Any]:
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else {"content": piece}
-            return self._envelope("chat.completion.chunk",
-                                  {"delta": delta if piece or role else {},
-                                   "finish_reason": finish_reason})
-        return self._envelope("text_completion", {"text": piece or "", "logprobs": None,
-                                                  "finish_reason": finish_reason})
+            return self._envelope(
+                "chat.completion.chunk",
+                {"delta": delta if piece or role else {}, "finish_reason": finish_reason},
+            )
+        return self._envelope(
+            "text_completion",
+            {"text": piece or "", "logprobs": None, "finish_reason": finish_reason},
+        )
 
     def usage_chunk(self, usage: Dict[str, int]) -> Dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -359,16 +423,20 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
     """``completion_tokens`` is the number of token ids the reply's pieces carry: every token
     generated, EOS included, or after a stop string the tokens up to and including the one
     whose text completed it (the detokenizer's rule), streamed or not, whatever the timing."""
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def _sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def stream_events(first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat,
-                        include_usage: bool) -> AsyncIterator[str]:
+async def stream_events(
+    first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat, include_usage: bool
+) -> AsyncIterator[str]:
     """The reply as server-sent events: a chunk per non-empty piece, the finish reason on the
     last, then ``data: [DONE]``. A worker dying mid-stream ends it with an error event."""
     async with aclosing(replies):
@@ -391,8 +459,9 @@ async def stream_events(first: UserReply, replies: AsyncIterator[UserReply], fmt
         yield "data: [DONE]\n\n"
 
 
-async def whole_reply(first: UserReply, replies: AsyncIterator[UserReply],
-                      fmt: ReplyFormat) -> Dict[str, Any]:
+async def whole_reply(
+    first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat
+) -> Dict[str, Any]:
     pieces, reply = [first], first
     async with aclosing(replies):
         while not reply.finished:
@@ -400,8 +469,7 @@ async def whole_reply(first: UserReply, replies: AsyncIterator[UserReply],
             pieces.append(reply)
     text = "".join(p.incremental_output for p in pieces)
     completion_tokens = sum(len(p.token_ids) for p in pieces)
-    return fmt.whole(text, reply.finish_reason, _usage(first.num_prompt_tokens,
-                                                       completion_tokens))
+    return fmt.whole(text, reply.finish_reason, _usage(first.num_prompt_tokens, completion_tokens))
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -435,10 +503,16 @@ class ClosingStreamingResponse(StreamingResponse):
             await self.body_iterator.aclose()  # type: ignore[union-attr]
 
 
-async def respond(request: Request, replies: AsyncIterator[UserReply], fmt: ReplyFormat,
-                  stream: bool, include_usage: bool) -> Any:
+async def respond(
+    request: Request,
+    replies: AsyncIterator[UserReply],
+    fmt: ReplyFormat,
+    stream: bool,
+    include_usage: bool,
+) -> Any:
     """The first piece is awaited before any byte is sent, so a refused request still gets
     its 400 status, streamed or not."""
+
     async def whole() -> JSONResponse:
         return JSONResponse(await whole_reply(await anext(replies), replies, fmt))
 
@@ -447,8 +521,9 @@ async def respond(request: Request, replies: AsyncIterator[UserReply], fmt: Repl
     first = await unless_disconnected(request, anext(replies))
     if isinstance(first, Response):
         return first
-    return ClosingStreamingResponse(stream_events(first, replies, fmt, include_usage),
-                                    media_type="text/event-stream")
+    return ClosingStreamingResponse(
+        stream_events(first, replies, fmt, include_usage), media_type="text/event-stream"
+    )
 
 
 # ---------------------------------------------------------------- the app
@@ -477,8 +552,10 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
-        return {"object": "list", "data": [{"id": model, "object": "model", "created": 0,
-                                            "owned_by": "minisgl"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model, "object": "model", "created": 0, "owned_by": "minisgl"}],
+        }
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
@@ -486,16 +563,18 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
             raise APIError(400, "prompt is empty", param="prompt")
         params = sampling_params(req, req.max_tokens)
         replies = frontend.generate(req.prompt, params, stop_strings(req.stop))
-        return await respond(request, replies, ReplyFormat(False, model), req.stream,
-                             _include_usage(req))
+        return await respond(
+            request, replies, ReplyFormat(False, model), req.stream, _include_usage(req)
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
         limit = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
         params = sampling_params(req, limit)
         replies = frontend.generate(req.messages, params, stop_strings(req.stop))
-        return await respond(request, replies, ReplyFormat(True, model), req.stream,
-                             _include_usage(req))
+        return await respond(
+            request, replies, ReplyFormat(True, model), req.stream, _include_usage(req)
+        )
 
     return app
 
@@ -513,8 +592,11 @@ def require_api_key(app: FastAPI, api_key: str) -> None:
     async def check_key(request: Request, call_next: Any) -> Response:
         given = request.headers.get("authorization", "").encode()
         if request.url.path.startswith("/v1") and not secrets.compare_digest(given, expected):
-            return APIError(401, "invalid or missing API key: send 'Authorization: Bearer "
-                            "<key>'", "authentication_error").response()
+            return APIError(
+                401,
+                "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                "authentication_error",
+            ).response()
         return await call_next(request)
 
 
@@ -535,8 +617,11 @@ class DrainingServer(uvicorn.Server):
         self.frontend, self.drain_s = frontend, drain_s
 
     async def shutdown(self, sockets: Any = None) -> None:
-        logger.warning("stopping: no new requests; replies under way: %d, given %.1f s",
-                       self.frontend.num_running, self.drain_s)
+        logger.warning(
+            "stopping: no new requests; replies under way: %d, given %.1f s",
+            self.frontend.num_running,
+            self.drain_s,
+        )
         timer = asyncio.get_running_loop().call_later(self.drain_s, self._cut)
         try:
             await super().shutdown(sockets)

@@ -12,8 +12,11 @@ from minisgl.scheduler.utils import check_request
 
 Prompt = str | Sequence[int]  # text, or token ids
 # upstream mini-sglang's option names -> ours, so that its scripts run unchanged
-UPSTREAM_OPTIONS = {"max_seq_len_override": "max_seq_len", "num_page_override": "num_pages",
-                    "use_dummy_weight": "dummy_weights"}
+UPSTREAM_OPTIONS = {
+    "max_seq_len_override": "max_seq_len",
+    "num_page_override": "num_pages",
+    "use_dummy_weight": "dummy_weights",
+}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -38,36 +41,43 @@ class LLM:
         from transformers import AutoTokenizer
 
         if not self.has_tokenizer:
-            raise ValueError(f"{self.model_path!r} has no tokenizer files: give prompts as "
-                             "token ids")
+            raise ValueError(
+                f"{self.model_path!r} has no tokenizer files: give prompts as token ids"
+            )
         return AutoTokenizer.from_pretrained(self.model_path)
 
     @cached_property
     def has_tokenizer(self) -> bool:
         return any((Path(self.model_path) / name).is_file() for name in TOKENIZER_FILES)
 
-    def generate(self, prompts: Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams]
-                 ) -> List[Dict[str, Any]]:
+    def generate(
+        self, prompts: Sequence[Prompt], sampling_params: SamplingParams | Sequence[SamplingParams]
+    ) -> List[Dict[str, Any]]:
         """One dict per prompt, in order: ``"text"`` (without the EOS that ended it, and without
         special tokens; None when the model has no tokenizer files), ``"token_ids"`` (every
         generated token, the EOS that ended it too) and ``"prompt_token_ids"``.
 
         A bad request raises a ValueError naming its field before any request runs."""
         if isinstance(prompts, str) or any(isinstance(p, int) for p in prompts):
-            raise TypeError("prompts must be a list of prompts (strings or lists of token ids), "
-                            "not one prompt")
+            raise TypeError(
+                "prompts must be a list of prompts (strings or lists of token ids), not one prompt"
+            )
         params = sampling_params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
-            raise ValueError(f"sampling_params has {len(params)} entries for "
-                             f"{len(prompts)} prompts")
+            raise ValueError(
+                f"sampling_params has {len(params)} entries for {len(prompts)} prompts"
+            )
         ids = [self._encode(p) for p in prompts]
         for i, (one_ids, one_params) in enumerate(zip(ids, params)):
             try:
-                check_request(one_ids, one_params, self.scheduler.engine.max_seq_len,
-                              self.scheduler.engine.model_config.vocab_size)
+                check_request(
+                    one_ids,
+                    one_params,
+                    self.scheduler.engine.max_seq_len,
+                    self.scheduler.engine.model_config.vocab_size,
+                )
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from e
         ids = [[int(t) for t in one_ids] for one_ids in ids]  # numpy's or torch's ints: int
@@ -87,10 +97,16 @@ class LLM:
         ids = req.output_ids
         ended_at_eos = why == "eos"
         # drop the EOS itself, even one that is not a special token; then any special token
-        text = (self.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=True)
-                if self.has_tokenizer else None)  # None: config.json alone, no tokenizer
-        return {"text": text, "token_ids": list(req.output_ids),
-                "prompt_token_ids": list(req.input_ids)}
+        text = (
+            self.tokenizer.decode(ids[:-1] if ended_at_eos else ids, skip_special_tokens=True)
+            if self.has_tokenizer
+            else None
+        )  # None: config.json alone, no tokenizer
+        return {
+            "text": text,
+            "token_ids": list(req.output_ids),
+            "prompt_token_ids": list(req.input_ids),
+        }
 
 
 def _our_names(options: Dict[str, Any]) -> Dict[str, Any]:

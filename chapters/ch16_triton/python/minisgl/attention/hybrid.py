@@ -9,6 +9,7 @@ with the reference. Each batch goes whole to one of them, chosen by its phase.
 from __future__ import annotations
 
 import torch
+
 from minisgl.core import Batch
 
 from .base import BaseAttnBackend
@@ -24,6 +25,7 @@ class HybridAttnBackend(BaseAttnBackend):
     def prepare_metadata(self, batch: Batch) -> None:
         self._for(batch).prepare_metadata(batch)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         return self._for(batch).forward(q, k, v, layer_id, batch)

@@ -13,6 +13,7 @@ from itertools import accumulate
 from typing import TYPE_CHECKING
 
 import torch
+
 from minisgl.core import Batch, get_global_ctx
 from minisgl.kernel import decode_attention, extend_attention, store_kv
 
@@ -52,19 +53,36 @@ class TritonAttnBackend(BaseAttnBackend):
         is_decode = not batch.is_prefill and max(extend) == 1
         lens = host.to(self.device, non_blocking=True)
         batch.attn_metadata = TritonAttnMetadata(
-            rows=lens[0], cached_lens=lens[1], extend_lens=lens[2], seq_lens=lens[3],
-            q_starts=lens[4], max_extend_len=max(extend), is_decode=is_decode)
+            rows=lens[0],
+            cached_lens=lens[1],
+            extend_lens=lens[2],
+            seq_lens=lens[3],
+            q_starts=lens[4],
+            max_extend_len=max(extend),
+            is_decode=is_decode,
+        )
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int,
-                batch: Batch) -> torch.Tensor:
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int, batch: Batch
+    ) -> torch.Tensor:
         ctx, meta = get_global_ctx(), batch.attn_metadata
         assert ctx.kv_cache is not None and ctx.page_table is not None
         assert batch.out_loc is not None
         k_cache, v_cache = ctx.kv_cache.k_cache(layer_id), ctx.kv_cache.v_cache(layer_id)
         store_kv(k_cache, v_cache, batch.out_loc, k, v)  # first: a token sees its own K, V
         if meta.is_decode:
-            return decode_attention(q, k_cache, v_cache, ctx.page_table, meta.rows,
-                                    meta.seq_lens, self.sm_scale)
-        return extend_attention(q, k_cache, v_cache, ctx.page_table, meta.rows, meta.cached_lens,
-                                meta.extend_lens, meta.q_starts, meta.max_extend_len,
-                                self.sm_scale)
+            return decode_attention(
+                q, k_cache, v_cache, ctx.page_table, meta.rows, meta.seq_lens, self.sm_scale
+            )
+        return extend_attention(
+            q,
+            k_cache,
+            v_cache,
+            ctx.page_table,
+            meta.rows,
+            meta.cached_lens,
+            meta.extend_lens,
+            meta.q_starts,
+            meta.max_extend_len,
+            self.sm_scale,
+        )

@@ -8,6 +8,7 @@ adds, then a final RMSNorm and the LM head. Where they differ is a config flag: 
 from __future__ import annotations
 
 import torch
+
 from minisgl.core import get_global_ctx
 from minisgl.layers.attention import AttentionLayer
 from minisgl.layers.base import BaseOP
@@ -29,13 +30,19 @@ class DecoderAttention(BaseOP):
 
     def __init__(self, config: ModelConfig, layer_id: int, rotary: RotaryEmbedding):
         self.head_dim = config.head_dim
-        self.qkv_proj = LinearQKVMerged(config.hidden_size, config.head_dim, config.num_qo_heads,
-                                        config.num_kv_heads, has_bias=config.attention_bias)
+        self.qkv_proj = LinearQKVMerged(
+            config.hidden_size,
+            config.head_dim,
+            config.num_qo_heads,
+            config.num_kv_heads,
+            has_bias=config.attention_bias,
+        )
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(config.head_dim, eps) if config.qk_norm else None
         self.k_norm = RMSNorm(config.head_dim, eps) if config.qk_norm else None
-        self.o_proj = LinearRowParallel(config.num_qo_heads * config.head_dim, config.hidden_size,
-                                        has_bias=config.o_proj_bias)
+        self.o_proj = LinearRowParallel(
+            config.num_qo_heads * config.head_dim, config.hidden_size, has_bias=config.o_proj_bias
+        )
         self._rotary = rotary  # one cos / sin table shared by every layer
         self.attn = AttentionLayer(layer_id)
 
@@ -71,8 +78,9 @@ class DecoderModel(BaseOP):
     """Embedding, the decoder layers and the final norm: input_ids [T] -> hidden [T, H]."""
 
     def __init__(self, config: ModelConfig):
-        rotary = RotaryEmbedding(config.head_dim, config.max_position_embeddings,
-                                 config.rope_theta, config.rope_scaling)
+        rotary = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = [DecoderLayer(config, i, rotary) for i in range(config.num_layers)]
         self.norm = RMSNormFused(config.hidden_size, config.rms_norm_eps)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List
 
 import torch
+
 from minisgl.attention.base import BaseAttnBackend
 from minisgl.core import Batch, Req, get_global_ctx
 from minisgl.models.base import BaseLLMModel
@@ -43,8 +44,14 @@ class GraphRunner:
     """Pads decode batches up to a captured size and runs them: by replaying the size's CUDA
     graph when the graphs were captured, else by an ordinary forward of the padded batch."""
 
-    def __init__(self, model: BaseLLMModel, attn_backend: BaseAttnBackend, dummy_req: Req,
-                 max_bs: int, device: torch.device):
+    def __init__(
+        self,
+        model: BaseLLMModel,
+        attn_backend: BaseAttnBackend,
+        dummy_req: Req,
+        max_bs: int,
+        device: torch.device,
+    ):
         self.model, self.attn_backend, self.dummy_req = model, attn_backend, dummy_req
         self.sizes = graph_batch_sizes(max_bs)
         self.device = device

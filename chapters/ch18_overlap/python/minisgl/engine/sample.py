@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import List, Sequence
 
 import torch
+
 from minisgl.core import Batch, SamplingParams
 
 
@@ -22,8 +23,9 @@ class BatchSamplingArgs:
     row_seeds: List[int | None] = field(default_factory=list)  # per row: its own draw's seed
 
     @classmethod
-    def from_params(cls, params: Sequence[SamplingParams],
-                    device: str | torch.device = "cpu") -> BatchSamplingArgs:
+    def from_params(
+        cls, params: Sequence[SamplingParams], device: str | torch.device = "cpu"
+    ) -> BatchSamplingArgs:
         greedy = [p.is_greedy for p in params]
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_k, top_p = [p.top_k for p in params], [p.top_p for p in params]
@@ -40,8 +42,9 @@ class BatchSamplingArgs:
         )
 
 
-def top_k_top_p_filter(probs: torch.Tensor, top_k: torch.Tensor,
-                       top_p: torch.Tensor) -> torch.Tensor:
+def top_k_top_p_filter(
+    probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
     """Zero, row by row, the tokens that top-k or top-p leaves out (the rest not renormalized).
 
     probs: [B, V]; top_k, top_p: [B]. In the order of decreasing probability, token i is kept when

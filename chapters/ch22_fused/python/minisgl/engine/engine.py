@@ -7,6 +7,7 @@ from itertools import accumulate
 from typing import List
 
 import torch
+
 from minisgl.attention import create_attention_backend
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx
 from minisgl.distributed import get_tp_info, min_across_ranks
@@ -37,8 +38,9 @@ class Engine:
         self.config = config
         self.device = resolve_device(config.device)
         used_before = self._used_memory()
-        self.model = load_model(config.model_path, self.device, config.dtype,
-                                dummy=config.dummy_weights)
+        self.model = load_model(
+            config.model_path, self.device, config.dtype, dummy=config.dummy_weights
+        )
         self.model_config = self.model.config
         self.dtype = config.dtype or self.model_config.dtype
         self.ctx = Context(page_size=config.page_size)
@@ -46,33 +48,40 @@ class Engine:
         asked_len = config.max_seq_len or self.model_config.max_position_embeddings
         self.num_pages = self._determine_num_pages(used_before, asked_len)
         self.ctx.kv_cache = self.kv_cache = create_kvcache_pool(
-            self.model_config, self.num_pages + 1, config.page_size, self.dtype, self.device)
+            self.model_config, self.num_pages + 1, config.page_size, self.dtype, self.device
+        )
         num_slots = self.num_pages * config.page_size
         self.max_seq_len = min(asked_len, num_slots)
         # row max_running_req is the dummy request's, pointing at the dummy page; whole pages
         width = div_ceil(self.max_seq_len, config.page_size) * config.page_size
         self.ctx.page_table = self.page_table = torch.zeros(
-            config.max_running_req + 1, width, dtype=torch.int32, device=self.device)
-        self.dummy_req = Req(-1, [0], SamplingParams(max_tokens=1),
-                             table_idx=config.max_running_req)
+            config.max_running_req + 1, width, dtype=torch.int32, device=self.device
+        )
+        self.dummy_req = Req(
+            -1, [0], SamplingParams(max_tokens=1), table_idx=config.max_running_req
+        )
         self.page_table[self.dummy_req.table_idx].fill_(num_slots)
         # the token each row sampled last, for the next forward to read where the host does not
         # have it yet (overlap scheduling); the dummy row's stays 0
-        self.last_tokens = torch.zeros(config.max_running_req + 1, dtype=torch.long,
-                                       device=self.device)
+        self.last_tokens = torch.zeros(
+            config.max_running_req + 1, dtype=torch.long, device=self.device
+        )
 
         self.ctx.attn_backend = self.attn_backend = create_attention_backend(
-            config.attention_backend, self.model_config, self.device)
+            config.attention_backend, self.model_config, self.device
+        )
         if self.model_config.is_moe:
             from minisgl.moe import create_moe_backend  # forward reference: ch20
 
             self.ctx.moe_backend = self.moe_backend = create_moe_backend(
-                self.device, config.moe_backend)
+                self.device, config.moe_backend
+            )
         self.sampler = make_sampler(self.device, config.seed)
         # where a step's time goes; the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
-        self.graph_runner = GraphRunner(self.model, self.attn_backend, self.dummy_req,
-                                        self._graph_max_bs(), self.device)
+        self.graph_runner = GraphRunner(
+            self.model, self.attn_backend, self.dummy_req, self._graph_max_bs(), self.device
+        )
         if self.graph_runner.max_bs and self.device.type == "cuda":
             with use_global_ctx(self.ctx), torch.inference_mode():
                 self.graph_runner.capture(self.prepare_batch)
@@ -85,7 +94,8 @@ class Engine:
         show how."""
         asked, on_gpu = self.config.cuda_graph_max_bs, self.device.type == "cuda"
         capturable = self.attn_backend.supports_cuda_graph and (
-            not self.model_config.is_moe or self.moe_backend.supports_cuda_graph)
+            not self.model_config.is_moe or self.moe_backend.supports_cuda_graph
+        )
         if on_gpu and not capturable:
             return 0
         if asked is None:
@@ -103,8 +113,7 @@ class Engine:
         """K and V of ``page_size`` tokens in every layer, for this rank's KV heads."""
         c = self.model_config
         kv_heads = div_even(c.num_kv_heads, get_tp_info().size)
-        return 2 * c.num_layers * self.config.page_size * kv_heads * c.head_dim * nbytes(
-            self.dtype)
+        return 2 * c.num_layers * self.config.page_size * kv_heads * c.head_dim * nbytes(self.dtype)
 
     def _determine_num_pages(self, used_before: int, max_seq_len: int) -> int:
         """``config.num_pages``, or as many pages as the budget holds (on a GPU the share
@@ -145,8 +154,9 @@ class Engine:
         rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
         last = [i - 1 for i in accumulate(r.extend_len for r in reqs)]  # each request's last token
         # one copy, not four, from pinned memory on a GPU so that it does not wait for the device
-        host = torch.tensor(ids + positions + rows + last, dtype=torch.long,
-                            pin_memory=self.device.type == "cuda")
+        host = torch.tensor(
+            ids + positions + rows + last, dtype=torch.long, pin_memory=self.device.type == "cuda"
+        )
         t = len(ids)
         flat = host.to(self.device, non_blocking=True)
         host_ids, batch.positions, batch.table_rows = flat[:t], flat[t : 2 * t], flat[2 * t : 3 * t]

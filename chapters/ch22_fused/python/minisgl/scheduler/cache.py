@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import List, Tuple
 
 import torch
+
 from minisgl.core import Req
 from minisgl.kvcache.base import BaseCacheHandle, BasePrefixCache
 from minisgl.utils.misc import div_ceil
@@ -19,8 +20,13 @@ class CacheManager:
     come back at its tail, so taking or giving n pages costs O(n), however large the pool.
     """
 
-    def __init__(self, num_pages: int, page_size: int, page_table: torch.Tensor,
-                 prefix_cache: BasePrefixCache):
+    def __init__(
+        self,
+        num_pages: int,
+        page_size: int,
+        page_table: torch.Tensor,
+        prefix_cache: BasePrefixCache,
+    ):
         self.num_pages, self.page_size = num_pages, page_size
         self.page_table = page_table
         self.prefix_cache = prefix_cache
@@ -69,7 +75,8 @@ class CacheManager:
         pages = self._take(len(starts))
         slots = torch.add(self._offsets, pages[:, None], alpha=size)  # [pages, size]
         self.page_table.view(-1)[where.to(self.page_table.device, non_blocking=True)] = (
-            slots.flatten())
+            slots.flatten()
+        )
 
     def cache_req(self, req: Req, *, finished: bool) -> None:
         """Give the request's cached tokens to the prefix cache. Finished: it unlocks them and
@@ -109,16 +116,19 @@ class CacheManager:
         if info.protected_size != 0:
             raise RuntimeError(f"{info.protected_size} cached tokens still locked, none running")
         if self._num_free + cached != self.num_pages:
-            raise RuntimeError(f"pages lost: {self._num_free} free + {cached} cached "
-                               f"!= {self.num_pages}")
+            raise RuntimeError(
+                f"pages lost: {self._num_free} free + {cached} cached != {self.num_pages}"
+            )
         if exhaustive and self._free_page_list().unique().numel() != self._num_free:
             raise RuntimeError("a page is free twice")
 
     def _take(self, n: int) -> torch.Tensor:
         """n free pages, evicting from the prefix cache first if too few are free: [n], int32."""
         if n > self.available_pages:
-            raise RuntimeError(f"out of KV pages: {n} needed, {self._num_free} free and "
-                               f"{self.available_pages - self._num_free} evictable")
+            raise RuntimeError(
+                f"out of KV pages: {n} needed, {self._num_free} free and "
+                f"{self.available_pages - self._num_free} evictable"
+            )
         if n > self._num_free:
             self._free(self.prefix_cache.evict((n - self._num_free) * self.page_size))  # tokens
         pages = torch.cat(self._ring_segments(self._head, n))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Sequence, Set, Tuple
 
 import torch
+
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine, HostTokens
 from minisgl.env import disable_overlap_scheduling
@@ -50,12 +51,16 @@ class Scheduler:
         self.engine = Engine(config)
         self.page_size = config.page_size
         self.table_manager = TableManager(config.max_running_req)
-        self.cache_manager = CacheManager(self.engine.num_pages, config.page_size,
-                                          self.engine.page_table,
-                                          create_prefix_cache(config.cache_type, config.page_size))
+        self.cache_manager = CacheManager(
+            self.engine.num_pages,
+            config.page_size,
+            self.engine.page_table,
+            create_prefix_cache(config.cache_type, config.page_size),
+        )
         self.decode_manager = DecodeManager()
-        self.prefill_manager = PrefillManager(self.cache_manager, self.table_manager,
-                                              self.decode_manager, config.page_size)
+        self.prefill_manager = PrefillManager(
+            self.cache_manager, self.table_manager, self.decode_manager, config.page_size
+        )
         self.eos_token_ids = _eos_token_ids(config.model_path)
         self.grammars = GrammarManager(config.model_path, self.engine.model_config.vocab_size)
         self.overlap = _use_overlap(config, self.engine.device)
@@ -66,8 +71,9 @@ class Scheduler:
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
         """Queue a request; a ValueError naming the field if it is bad (nothing is queued)."""
-        params = check_request(input_ids, params, self.engine.max_seq_len,
-                               self.engine.model_config.vocab_size)
+        params = check_request(
+            input_ids, params, self.engine.max_seq_len, self.engine.model_config.vocab_size
+        )
         req = Req(self._next_uid, list(input_ids), params)
         self.grammars.add(req)  # structured output: compiled before it is queued
         self._next_uid += 1
@@ -86,8 +92,11 @@ class Scheduler:
 
     @property
     def idle(self) -> bool:
-        return (not self.prefill_manager.runnable and not self.decode_manager.runnable
-                and self._in_flight is None)
+        return (
+            not self.prefill_manager.runnable
+            and not self.decode_manager.runnable
+            and self._in_flight is None
+        )
 
     def step(self) -> StepOutput | None:
         """Launch the next batch and process one batch's tokens; None when idle. Without
@@ -129,8 +138,10 @@ class Scheduler:
         """Schedule the next batch (prefill first), give it its pages and launch its forward;
         the host does not wait for its tokens."""
         with self.engine.timer.phase("schedule"):
-            batch = (self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
-                     or self.decode_manager.schedule_next_batch())
+            batch = (
+                self.prefill_manager.schedule_next_batch(self.config.max_extend_tokens)
+                or self.decode_manager.schedule_next_batch()
+            )
             if batch is None:
                 return None
             extend_lens = [r.extend_len for r in batch.reqs]
@@ -143,7 +154,8 @@ class Scheduler:
                 req.sampled_on_device()  # the next forward runs it from the device
         if batch.is_prefill:  # its prompt is done: it decodes from the next step on
             self.decode_manager.add_reqs(
-                r for r, got_token in zip(batch.reqs, sampled) if got_token and r.can_decode)
+                r for r, got_token in zip(batch.reqs, sampled) if got_token and r.can_decode
+            )
         self.decode_manager.remove_done()  # max_tokens: known now, before the tokens are back
         return Launched(batch, extend_lens, sampled, self.engine.start_copy_to_host(next_tokens))
 
@@ -157,8 +169,9 @@ class Scheduler:
             released, self._released = self._released, set()
             delivered: List[Tuple[int, int]] = []
             finished_reqs: Dict[Req, str] = {}
-            for req, token, got_token, n in zip(done.batch.reqs, next_tokens, done.sampled,
-                                                done.extend_lens):
+            for req, token, got_token, n in zip(
+                done.batch.reqs, next_tokens, done.sampled, done.extend_lens
+            ):
                 if req in released:
                     continue  # finished or aborted after this batch was launched: drop it
                 delivered.append((req.uid, n))
