@@ -443,30 +443,36 @@ if os.environ.get("MUTATE_RC"):
     _cov._auto_save = True  # saved at exit (and, by the rc's sigterm, on SIGTERM)
     _cov.start()
 
-    def _follow(path: str) -> None:
-        seen = ""
+    def _follow(path: str, ack: str) -> None:
+        seen = None
         while True:
             try:
                 with open(path) as f:
                     test = f.read()
             except OSError:
-                test = ""
-            if test and test != seen:
+                test = seen
+            if test != seen:
                 seen = test
                 try:
-                    _cov.switch_context(test)
+                    if test:
+                        _cov.switch_context(test)
+                    with open(ack + ".tmp", "w") as f:  # pytest waits for this to start a test
+                        f.write(test)
+                    os.replace(ack + ".tmp", ack)
                 except Exception:
                     pass
-            time.sleep(0.05)
+            time.sleep(0.01)
 
     if os.environ.get("MUTATE_FOLLOW"):  # a process the tests started, not pytest itself
-        threading.Thread(target=_follow, args=(os.environ["MUTATE_CURRENT"],),
+        _ack = os.path.join(os.environ["MUTATE_FOLLOWERS"], str(os.getpid()))
+        threading.Thread(target=_follow, args=(os.environ["MUTATE_CURRENT"], _ack),
                          daemon=True).start()
 '''
 
 PLUGIN = '''\
 import json
 import os
+import time
 
 import coverage
 import pytest
@@ -488,6 +494,31 @@ def pytest_runtest_setup(item):
     with open(path + ".tmp", "w") as f:
         f.write(test)
     os.replace(path + ".tmp", path)
+    # a server that the test asks at once must count its answer as this test's: wait (2 s at
+    # most) until every live process of the earlier tests has switched
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        lagging = False
+        for entry in os.scandir(os.environ["MUTATE_FOLLOWERS"]):
+            if entry.name.endswith(".tmp"):
+                continue
+            if not _alive(int(entry.name)):
+                os.unlink(entry.path)
+                continue
+            with open(entry.path) as f:
+                lagging = lagging or f.read() != test
+        if not lagging:
+            break
+        time.sleep(0.002)
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return text[text.rfind(")") + 2:].split()[0] != "Z"
 
 
 def pytest_runtest_logreport(report):
@@ -515,7 +546,9 @@ def measure_baseline(workdir: Path, test_files: list[str],
     state = workdir / ".mutate"
     cache = state / "baseline"
     cache.mkdir(parents=True, exist_ok=True)
-    code_hash = _code_hash(workdir)
+    # the measuring code is part of the key: a baseline taken by an older version is retaken
+    code_hash = _code_hash(workdir) + hashlib.sha256((SITECUSTOMIZE + PLUGIN).encode()
+                                                     ).hexdigest()[:8]
     baseline = Baseline(_tests_hash(workdir), {}, {}, {}, {}, [])
     missing = []
     for test_file in test_files:
@@ -566,8 +599,11 @@ def _measure(workdir: Path, test_files: list[str], timeout: float) -> Baseline:
     report_file, current = state / "baseline-report.json", state / "current-test"
     report_file.unlink(missing_ok=True)
     current.write_text("")
+    followers = state / "followers"
+    shutil.rmtree(followers, ignore_errors=True)
+    followers.mkdir()
     env = {**_pytest_env(workdir), "MUTATE_RC": str(rc), "MUTATE_CURRENT": str(current),
-           "MUTATE_REPORT": str(report_file)}
+           "MUTATE_REPORT": str(report_file), "MUTATE_FOLLOWERS": str(followers)}
     env.pop("MUTATE_FOLLOW", None)
     for name, text in zip(HELPERS, (SITECUSTOMIZE, PLUGIN)):
         (workdir / "python" / name).write_text(text)
@@ -824,9 +860,11 @@ def target_files(targets: list[str], repo: Path = ROOT) -> list[Path]:
     names = targets or [str(PACKAGE)]
     files: list[Path] = []
     for name in names:
-        path = (repo / name).resolve()
+        path = (repo / name).resolve()  # a path from the repository's root, or from here
+        if not path.exists() and Path(name).exists():
+            path = Path(name).resolve()
         found = sorted(path.rglob("*.py")) if path.is_dir() else [path]
-        files += [p.relative_to(repo) for p in found if "__pycache__" not in p.parts]
+        files += [p.relative_to(repo.resolve()) for p in found if "__pycache__" not in p.parts]
     for f in files:
         if f.parts[:2] != PACKAGE.parts or len(f.parts) < 3 or f.suffix != ".py":
             sys.exit(f"{f}: not a .py file of {PACKAGE}")
