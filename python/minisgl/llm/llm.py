@@ -120,12 +120,20 @@ class LLM:
                 raise ValueError(f"request {i}: {e}") from e
         ids = [[int(t) for t in one_ids] for one_ids in ids]  # numpy's or torch's ints: int
         reqs = [self.scheduler.add_req(i, p) for i, p in zip(ids, params)]
-        msgs = [
+        finished = self._run_until_idle(self._messages(reqs, ids, params))
+        return [self._result(r, finished[r]) for r in reqs]
+
+    def _messages(
+        self, reqs: List[Req], ids: List[List[int]], params: Sequence[SamplingParams]
+    ) -> List[UserMsg]:
+        """The requests as the other ranks' loops receive them, to queue them alike (none at
+        one rank)."""
+        if self._workers is None:
+            return []
+        return [
             UserMsg(r.uid, torch.tensor(i, dtype=torch.int32), p)
             for r, i, p in zip(reqs, ids, params)
-        ]  # the other ranks queue them alike
-        finished = self._run_until_idle(msgs)
-        return [self._result(r, finished[r]) for r in reqs]
+        ]
 
     def _run_until_idle(self, msgs: List[UserMsg]) -> Dict[Req, str]:
         """``Scheduler.run_until_idle``; under tensor parallelism each step is first announced
