@@ -126,3 +126,29 @@ def test_the_final_tree_has_no_package_cycle():
     assert not graph["kernel"] & {"engine", "models", "scheduler"}
     assert "models" not in graph["attention"] | graph["kvcache"]
     assert "scheduler" not in graph["speculative"]
+
+
+def test_an_upward_import_planted_in_the_real_book_is_named(tmp_path):
+    """The engine's own layers: kernel/ importing engine/ (the cycle the layers ended) fails
+    `check --static` in every chapter whose tree holds the file, at its file and line."""
+    import shutil
+
+    root = tmp_path / "book"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for part in ("steps.yaml", "pyproject.toml", "python", "chapters", "examples", "tests"):
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(source, root / part, ignore=ignore)
+        else:
+            root.mkdir(exist_ok=True)
+            shutil.copyfile(source, root / part)
+    store = root / "python/minisgl/kernel/store.py"
+    lines = store.read_text(encoding="utf-8").splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("import torch"))
+    lines.insert(at, "from minisgl.engine.engine import Engine  # noqa: F401\n")
+    store.write_text("".join(lines), encoding="utf-8")
+    done = steps(root, "check", "--static", "--no-cache", "16-17")
+    assert done.returncode == 1
+    where = f"python/minisgl/kernel/store.py:{at + 1}: `from minisgl.engine.engine import Engine`"
+    assert done.stdout.count(where) == 2  # ch16 and ch17 both hold this version
+    assert "kernel imports engine, which is above it" in done.stdout
