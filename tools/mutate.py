@@ -50,14 +50,27 @@ PACKAGE = Path("python/minisgl")
 COPIED = ("python", "tests", "examples", "pyproject.toml")  # what the tests need of the tree
 DEFAULT_WORKDIR = Path("/tmp/minisgl-mutate")
 
-BINARY = {ast.Add: "-", ast.Sub: "+", ast.Mult: "//", ast.FloorDiv: "*", ast.Div: "*",
-          ast.Mod: "//"}
-SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Div: "/",
-          ast.Mod: "%"}
-COMPARE = {ast.Lt: ("<", "<="), ast.LtE: ("<=", "<"), ast.Gt: (">", ">="),
-           ast.GtE: (">=", ">"), ast.Eq: ("==", "!="), ast.NotEq: ("!=", "=="),
-           ast.Is: ("is", "is not"), ast.IsNot: ("is not", "is"), ast.In: ("in", "not in"),
-           ast.NotIn: ("not in", "in")}
+BINARY = {
+    ast.Add: "-",
+    ast.Sub: "+",
+    ast.Mult: "//",
+    ast.FloorDiv: "*",
+    ast.Div: "*",
+    ast.Mod: "//",
+}
+SYMBOL = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Div: "/", ast.Mod: "%"}
+COMPARE = {
+    ast.Lt: ("<", "<="),
+    ast.LtE: ("<=", "<"),
+    ast.Gt: (">", ">="),
+    ast.GtE: (">=", ">"),
+    ast.Eq: ("==", "!="),
+    ast.NotEq: ("!=", "=="),
+    ast.Is: ("is", "is not"),
+    ast.IsNot: ("is not", "is"),
+    ast.In: ("in", "not in"),
+    ast.NotIn: ("not in", "in"),
+}
 
 
 @dataclass(frozen=True)
@@ -92,8 +105,11 @@ class _Text:
         for line in self.lines:
             self.starts.append(self.starts[-1] + len(line))
         tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-        self.tokens = [(self.at(*t.start, chars=True), self.at(*t.end, chars=True), t.string)
-                       for t in tokens if t.type in (tokenize.OP, tokenize.NAME)]
+        self.tokens = [
+            (self.at(*t.start, chars=True), self.at(*t.end, chars=True), t.string)
+            for t in tokens
+            if t.type in (tokenize.OP, tokenize.NAME)
+        ]
         self.token_starts = [t[0] for t in self.tokens]
 
     def at(self, line: int, col: int, chars: bool = False) -> int:
@@ -139,16 +155,22 @@ def _skipped_nodes(tree: ast.AST) -> set[int]:
             roots.append(node.annotation)
         body = getattr(node, "body", None)
         first = body[0] if isinstance(body, list) and body else None
-        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                and isinstance(first.value.value, str):
+        if (
+            isinstance(first, ast.Expr)
+            and isinstance(first.value, ast.Constant)
+            and isinstance(first.value.value, str)
+        ):
             roots.append(first)
     return {id(n) for root in roots for n in ast.walk(root)}
 
 
 def _is_stub(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    return all(isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-               and (s.value.value is Ellipsis or isinstance(s.value.value, str))
-               for s in function.body)
+    return all(
+        isinstance(s, ast.Expr)
+        and isinstance(s.value, ast.Constant)
+        and (s.value.value is Ellipsis or isinstance(s.value.value, str))
+        for s in function.body
+    )
 
 
 def _is_dunder_all(node: ast.Assign) -> bool:
@@ -157,8 +179,11 @@ def _is_dunder_all(node: ast.Assign) -> bool:
 
 def _is_logging(call: ast.Call) -> bool:
     func = call.func
-    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) \
+    return (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Name)
         and func.value.id == "logger"
+    )
 
 
 def _edits(node: ast.AST, text: _Text) -> Iterator[tuple[int, int, str, str]]:
@@ -191,14 +216,22 @@ def _edits(node: ast.AST, text: _Text) -> Iterator[tuple[int, int, str, str]]:
     elif isinstance(node, ast.Constant) and type(node.value) is int:
         for new in (node.value + 1, node.value - 1):
             yield *text.span(node), f"({new})" if new < 0 else str(new), f"{node.value} -> {new}"
-    elif isinstance(node, ast.Return) and node.value is not None \
-            and not (isinstance(node.value, ast.Constant) and node.value.value is None):
+    elif (
+        isinstance(node, ast.Return)
+        and node.value is not None
+        and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+    ):
         yield *text.span(node.value), "None", "return value -> None"
-    if (isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-          and not _is_logging(node.value)) \
-            or (isinstance(node, ast.Assign) and not _is_dunder_all(node)) \
-            or isinstance(node, ast.AugAssign) \
-            or (isinstance(node, ast.AnnAssign) and node.value is not None):
+    if (
+        (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Call)
+            and not _is_logging(node.value)
+        )
+        or (isinstance(node, ast.Assign) and not _is_dunder_all(node))
+        or isinstance(node, ast.AugAssign)
+        or (isinstance(node, ast.AnnAssign) and node.value is not None)
+    ):
         yield *text.span(node), "pass", "statement deleted"
     if isinstance(node, ast.Slice):  # a bound that is an expression (constants change above)
         for bound, name in ((node.lower, "lower"), (node.upper, "upper")):
@@ -206,16 +239,21 @@ def _edits(node: ast.AST, text: _Text) -> Iterator[tuple[int, int, str, str]]:
             if bound is not None and not isinstance(literal, ast.Constant):
                 start, end = text.span(bound)
                 for sign in "+-":
-                    yield start, end, f"({text.source[start:end]}) {sign} 1", \
-                        f"slice {name} bound {sign}1"
+                    yield (
+                        start,
+                        end,
+                        f"({text.source[start:end]}) {sign} 1",
+                        f"slice {name} bound {sign}1",
+                    )
 
 
 def mutants_of(source: str, path: str) -> list[Mutant]:
     """Every mutant of one file that compiles and differs from it, in the order of the text."""
     tree = ast.parse(source)
     text, skipped = _Text(source), _skipped_nodes(tree)
-    statement_of = {id(n): s.lineno for s in ast.walk(tree) if isinstance(s, ast.stmt)
-                    for n in _own_nodes(s)}
+    statement_of = {
+        id(n): s.lineno for s in ast.walk(tree) if isinstance(s, ast.stmt) for n in _own_nodes(s)
+    }
     seen, result = {source}, []
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -247,8 +285,9 @@ def _own_nodes(statement: ast.stmt) -> Iterator[ast.AST]:
 
 
 def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", *args], cwd=cwd, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def prepare_workdir(workdir: Path, repo: Path = ROOT) -> None:
@@ -264,21 +303,41 @@ def prepare_workdir(workdir: Path, repo: Path = ROOT) -> None:
         src = repo / name
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
         shutil.copytree(src, target, ignore=ignore) if src.is_dir() else shutil.copy2(src, target)
-    ignored = ["__pycache__/", ".mutate/", ".hypothesis/", ".coverage*",
-               *(f"python/{name}" for name in HELPERS)]  # the baseline's, if one was cut off
+    ignored = [
+        "__pycache__/",
+        ".mutate/",
+        ".hypothesis/",
+        ".coverage*",
+        *(f"python/{name}" for name in HELPERS),
+    ]  # the baseline's, if one was cut off
     (workdir / ".gitignore").write_text("".join(f"{line}\n" for line in ignored))
     if not (workdir / ".git").exists():
         _git(workdir, "init", "-q")
     _git(workdir, "add", "-A")
-    _git(workdir, "-c", "user.name=mutate", "-c", "user.email=mutate@localhost", "commit", "-q",
-         "--allow-empty", "-m", "snapshot")
+    _git(
+        workdir,
+        "-c",
+        "user.name=mutate",
+        "-c",
+        "user.email=mutate@localhost",
+        "commit",
+        "-q",
+        "--allow-empty",
+        "-m",
+        "snapshot",
+    )
 
 
 def check_imports_the_copy(workdir: Path) -> None:
     """The tests must import the copy's minisgl (the one mutated), not the checkout's."""
-    where = subprocess.run([sys.executable, "-c", "import minisgl; print(minisgl.__file__)"],
-                           cwd=workdir / "tests", env=_pytest_env(workdir), check=True,
-                           capture_output=True, text=True).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import minisgl; print(minisgl.__file__)"],
+        cwd=workdir / "tests",
+        env=_pytest_env(workdir),
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     if workdir not in Path(where).parents:
         sys.exit(f"minisgl is imported from {where}, not from the copy in {workdir}")
 
@@ -343,13 +402,19 @@ def imported_files(test: Path, repo: Path) -> frozenset[str]:
     """The package files (book paths, minisgl/...) a test file imports: directly, or through a
     package's ``__init__`` that re-exports them (``from minisgl.scheduler import Scheduler``
     imports scheduler/scheduler.py)."""
-    files = {f for m in _imports(ast.parse(test.read_text(encoding="utf-8")))
-             if m.split(".")[0] == PACKAGE.name and (f := _module_file(m, repo))}
+    files = {
+        f
+        for m in _imports(ast.parse(test.read_text(encoding="utf-8")))
+        if m.split(".")[0] == PACKAGE.name and (f := _module_file(m, repo))
+    }
     for init in [f for f in files if f.endswith("/__init__.py")]:
         package = init.removesuffix("/__init__.py").replace("/", ".")
         tree = ast.parse((repo / PACKAGE.parent / init).read_text(encoding="utf-8"))
-        files |= {f for m in _imports(tree, package)
-                  if m.startswith(package + ".") and (f := _module_file(m, repo))}
+        files |= {
+            f
+            for m in _imports(tree, package)
+            if m.startswith(package + ".") and (f := _module_file(m, repo))
+        }
     return frozenset(files)
 
 
@@ -358,8 +423,9 @@ def chapters_of(file: Path, repo: Path = ROOT) -> tuple[str, ...]:
     ``new`` and ``modified``), and those whose tests import it."""
     book, name = _book(repo), file.relative_to(PACKAGE.parent).as_posix()
     writes = {w.chapter.id for w in book.history.get(name, [])}
-    importers = {c.id for c in book.chapters
-                 if any(name in imported_files(repo / t, repo) for t in c.tests)}
+    importers = {
+        c.id for c in book.chapters if any(name in imported_files(repo / t, repo) for t in c.tests)
+    }
     return tuple(sorted(writes | importers))
 
 
@@ -377,8 +443,13 @@ def tests_of(chapters: Iterable[str], repo: Path = ROOT) -> list[str]:
 def _pytest_env(workdir: Path) -> dict[str, str]:
     # PYTHONPATH: import the copy's minisgl; no bytecode: a mutant written in the same second as
     # the file it replaces, with the same size, would otherwise run from the stale .pyc.
-    return {**os.environ, "PYTHONPATH": str(workdir / "python"), "PYTHONDONTWRITEBYTECODE": "1",
-            "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(workdir / "python"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONHASHSEED": "0",
+    }
 
 
 def _hash_files(paths: Iterable[Path]) -> str:
@@ -390,17 +461,27 @@ def _hash_files(paths: Iterable[Path]) -> str:
 
 def _tests_hash(workdir: Path) -> str:
     """Of every .py file copied: a survivor runs again when any of them changed."""
-    return _hash_files(p for name in COPIED if (workdir / name).is_dir()
-                       for p in sorted((workdir / name).rglob("*.py")))
+    return _hash_files(
+        p
+        for name in COPIED
+        if (workdir / name).is_dir()
+        for p in sorted((workdir / name).rglob("*.py"))
+    )
 
 
 def _code_hash(workdir: Path) -> str:
     """Of what every test file's coverage depends on besides itself: the package, the examples
     (tiny_models.py) and the test folder's shared files (conftest.py, helpers.py)."""
-    shared = [p for p in sorted((workdir / "tests").rglob("*.py"))
-              if not p.name.startswith("test_")]
-    return _hash_files([*sorted((workdir / "python").rglob("*.py")),
-                        *sorted((workdir / "examples").rglob("*.py")), *shared])
+    shared = [
+        p for p in sorted((workdir / "tests").rglob("*.py")) if not p.name.startswith("test_")
+    ]
+    return _hash_files(
+        [
+            *sorted((workdir / "python").rglob("*.py")),
+            *sorted((workdir / "examples").rglob("*.py")),
+            *shared,
+        ]
+    )
 
 
 @dataclass
@@ -429,7 +510,7 @@ class Baseline:
 # folder on their PYTHONPATH, whatever else they change), and active only where MUTATE_RC is
 # set: every Python process the tests start measures itself, under the context of the test
 # that is running (the pytest process writes its name to a file; the others follow the file).
-SITECUSTOMIZE = '''\
+SITECUSTOMIZE = """\
 import os
 
 if os.environ.get("MUTATE_RC"):
@@ -467,9 +548,9 @@ if os.environ.get("MUTATE_RC"):
         _ack = os.path.join(os.environ["MUTATE_FOLLOWERS"], str(os.getpid()))
         threading.Thread(target=_follow, args=(os.environ["MUTATE_CURRENT"], _ack),
                          daemon=True).start()
-'''
+"""
 
-PLUGIN = '''\
+PLUGIN = """\
 import json
 import os
 import time
@@ -534,12 +615,11 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     with open(os.environ["MUTATE_REPORT"], "w") as f:
         json.dump({"durations": _durations, "setups": _setups, "failing": sorted(_failing)}, f)
-'''
+"""
 HELPERS = ("sitecustomize.py", "_mutate_baseline.py")  # the two files above, in python/
 
 
-def measure_baseline(workdir: Path, test_files: list[str],
-                     timeout: float = 3 * 3600) -> Baseline:
+def measure_baseline(workdir: Path, test_files: list[str], timeout: float = 3 * 3600) -> Baseline:
     """Coverage of the test files, unmutated, with a context per test. Kept per test file under
     ``.mutate/baseline/`` and measured again only for files that changed (or whose package,
     examples or shared test files did): a new test costs its own file's run."""
@@ -547,8 +627,9 @@ def measure_baseline(workdir: Path, test_files: list[str],
     cache = state / "baseline"
     cache.mkdir(parents=True, exist_ok=True)
     # the measuring code is part of the key: a baseline taken by an older version is retaken
-    code_hash = _code_hash(workdir) + hashlib.sha256((SITECUSTOMIZE + PLUGIN).encode()
-                                                     ).hexdigest()[:8]
+    code_hash = (
+        _code_hash(workdir) + hashlib.sha256((SITECUSTOMIZE + PLUGIN).encode()).hexdigest()[:8]
+    )
     baseline = Baseline(_tests_hash(workdir), {}, {}, {}, {}, [])
     missing = []
     for test_file in test_files:
@@ -568,24 +649,33 @@ def measure_baseline(workdir: Path, test_files: list[str],
             key = _hash_files([workdir / test_file]) + code_hash
             part = _part_of(measured, test_file)
             (cache / (Path(test_file).stem + ".json")).write_text(
-                json.dumps({"key": key, "baseline": asdict(part)}))
+                json.dumps({"key": key, "baseline": asdict(part)})
+            )
             baseline.merge(part)
     if baseline.failing:
-        print(f"baseline: {len(baseline.failing)} tests fail unmutated and are never chosen: "
-              + ", ".join(baseline.failing), flush=True)
+        print(
+            f"baseline: {len(baseline.failing)} tests fail unmutated and are never chosen: "
+            + ", ".join(baseline.failing),
+            flush=True,
+        )
     return baseline
 
 
 def _part_of(measured: Baseline, test_file: str) -> Baseline:
     """The share of one test file in a baseline measured over several."""
     mine = lambda test: test.split("::")[0] == test_file  # noqa: E731
-    lines = {path: {n: [t for t in tests if mine(t)] for n, tests in by_line.items()}
-             for path, by_line in measured.lines.items()}
+    lines = {
+        path: {n: [t for t in tests if mine(t)] for n, tests in by_line.items()}
+        for path, by_line in measured.lines.items()
+    }
     return Baseline(
-        measured.tests_hash, {t: s for t, s in measured.durations.items() if mine(t)},
+        measured.tests_hash,
+        {t: s for t, s in measured.durations.items() if mine(t)},
         {f: s for f, s in measured.setups.items() if f == test_file},
         {path: {n: ts for n, ts in by_line.items() if ts} for path, by_line in lines.items()},
-        measured.imported, [t for t in measured.failing if mine(t)])
+        measured.imported,
+        [t for t in measured.failing if mine(t)],
+    )
 
 
 def _measure(workdir: Path, test_files: list[str], timeout: float) -> Baseline:
@@ -594,22 +684,38 @@ def _measure(workdir: Path, test_files: list[str], timeout: float) -> Baseline:
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir()
     rc = state / "coveragerc"
-    rc.write_text(f"[run]\nsource = {workdir / PACKAGE}\ndata_file = {data / 'coverage'}\n"
-                  "parallel = true\nsigterm = true\n")
+    rc.write_text(
+        f"[run]\nsource = {workdir / PACKAGE}\ndata_file = {data / 'coverage'}\n"
+        "parallel = true\nsigterm = true\n"
+    )
     report_file, current = state / "baseline-report.json", state / "current-test"
     report_file.unlink(missing_ok=True)
     current.write_text("")
     followers = state / "followers"
     shutil.rmtree(followers, ignore_errors=True)
     followers.mkdir()
-    env = {**_pytest_env(workdir), "MUTATE_RC": str(rc), "MUTATE_CURRENT": str(current),
-           "MUTATE_REPORT": str(report_file), "MUTATE_FOLLOWERS": str(followers)}
+    env = {
+        **_pytest_env(workdir),
+        "MUTATE_RC": str(rc),
+        "MUTATE_CURRENT": str(current),
+        "MUTATE_REPORT": str(report_file),
+        "MUTATE_FOLLOWERS": str(followers),
+    }
     env.pop("MUTATE_FOLLOW", None)
     for name, text in zip(HELPERS, (SITECUSTOMIZE, PLUGIN)):
         (workdir / "python" / name).write_text(text)
     print(f"baseline: {len(test_files)} test files under coverage ...", flush=True)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "_mutate_baseline", "-p", "no:randomly",
-           *test_files]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "_mutate_baseline",
+        "-p",
+        "no:randomly",
+        *test_files,
+    ]
     started = time.monotonic()
     try:
         done = _run_group(cmd, workdir, env, timeout, state / "baseline.log")
@@ -618,25 +724,35 @@ def _measure(workdir: Path, test_files: list[str], timeout: float) -> Baseline:
             (workdir / "python" / name).unlink(missing_ok=True)
     print(f"baseline: {time.monotonic() - started:.0f} s", flush=True)
     if not report_file.exists():
-        sys.exit(f"the baseline run of the tests in {workdir} did not finish "
-                 f"(exit {done.returncode}):\n{done.stdout[-3000:]}")
+        sys.exit(
+            f"the baseline run of the tests in {workdir} did not finish "
+            f"(exit {done.returncode}):\n{done.stdout[-3000:]}"
+        )
     report = json.loads(report_file.read_text())
     lines, imported = _coverage_lines(workdir, rc, data)
     if not lines:
         sys.exit("coverage saw no line of the copy's minisgl: the tests imported another one")
-    return Baseline(_tests_hash(workdir), report["durations"], report["setups"], lines,
-                    imported, report["failing"])
+    return Baseline(
+        _tests_hash(workdir),
+        report["durations"],
+        report["setups"],
+        lines,
+        imported,
+        report["failing"],
+    )
 
 
-def _run_group(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float,
-               log: Path | None = None) -> subprocess.CompletedProcess:
+def _run_group(
+    cmd: list[str], cwd: Path, env: dict[str, str], timeout: float, log: Path | None = None
+) -> subprocess.CompletedProcess:
     """Run a command in a process group of its own; whatever it leaves running, or all of it on
     a timeout, is killed by that group (and, for what left the group, as our descendant). Its
     output goes to a file: a server left behind would hold a pipe open."""
     log = log or Path(cwd) / ".mutate-run.log"
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -686,8 +802,9 @@ def _scope_lines(mutant: Mutant, original: str) -> range | None:
     return range(inner[0], inner[1] + 1) if inner else None
 
 
-def tests_for(mutant: Mutant, baseline: Baseline, package_tests: list[str],
-              original: str = "") -> list[str] | None:
+def tests_for(
+    mutant: Mutant, baseline: Baseline, package_tests: list[str], original: str = ""
+) -> list[str] | None:
     """The package's tests that run the mutant's line or its statement's first line (the rest
     of a statement of several lines may be skipped: ``a and b`` on two lines), fastest first.
     None: no test runs it. A line run while importing (a def's defaults, a class attribute, a
@@ -698,8 +815,11 @@ def tests_for(mutant: Mutant, baseline: Baseline, package_tests: list[str],
     covering = {t for n in lines for t in by_line.get(str(n), [])}
     if lines & set(baseline.imported.get(mutant.path, [])):
         scope = _scope_lines(mutant, original) if original else None
-        inside = by_line.items() if scope is None else \
-            ((n, ts) for n, ts in by_line.items() if int(n) in scope)
+        inside = (
+            by_line.items()
+            if scope is None
+            else ((n, ts) for n, ts in by_line.items() if int(n) in scope)
+        )
         covering |= {t for _n, ts in inside for t in ts}
     chosen = [t for t in covering if t.split("::")[0] in files and t not in failing]
     if not chosen:
@@ -738,7 +858,7 @@ def _descendants(root: int) -> list[int]:
             text = stat.read_text()
         except OSError:
             continue
-        fields = text[text.rfind(")") + 2:].split()
+        fields = text[text.rfind(")") + 2 :].split()
         children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
     found, todo = [], [root]
     while todo:
@@ -754,7 +874,7 @@ def _alive(pid: int) -> bool:
         text = (Path("/proc") / str(pid) / "stat").read_text()
     except OSError:
         return False
-    return text[text.rfind(")") + 2:].split()[0] != "Z"
+    return text[text.rfind(")") + 2 :].split()[0] != "Z"
 
 
 def _kill_group(pid: int) -> None:
@@ -895,13 +1015,20 @@ def _load_results(path: Path) -> dict[str, dict]:
     return {r["key"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-def mutate(workdir: Path, mutants: list[Mutant], baseline: Baseline, results: dict[str, dict],
-           log: Path, runner: ForkRunner) -> list[dict]:
+def mutate(
+    workdir: Path,
+    mutants: list[Mutant],
+    baseline: Baseline,
+    results: dict[str, dict],
+    log: Path,
+    runner: ForkRunner,
+) -> list[dict]:
     rows = []
     for mutant in mutants:
         old = results.get(mutant.key)
-        if old and (old["status"] in ("killed", "timeout") or
-                    old["tests_hash"] == baseline.tests_hash):
+        if old and (
+            old["status"] in ("killed", "timeout") or old["tests_hash"] == baseline.tests_hash
+        ):
             rows.append(old)
             continue
         file = Path(mutant.path)
@@ -912,11 +1039,20 @@ def mutate(workdir: Path, mutants: list[Mutant], baseline: Baseline, results: di
             status = "not covered"
         else:
             status = run_mutant(workdir, mutant, runner(tests, timeout_for(tests, baseline)))
-        row = dict(key=mutant.key, path=mutant.path, line=mutant.line, kind=mutant.kind,
-                   mutated=mutant.mutated_line, status=status, tests_hash=baseline.tests_hash,
-                   seconds=round(time.monotonic() - started, 1))
-        print(f"  {status:11s} {mutant.path}:{mutant.line} {mutant.kind}: {row['mutated']}",
-              flush=True)
+        row = dict(
+            key=mutant.key,
+            path=mutant.path,
+            line=mutant.line,
+            kind=mutant.kind,
+            mutated=mutant.mutated_line,
+            status=status,
+            tests_hash=baseline.tests_hash,
+            seconds=round(time.monotonic() - started, 1),
+        )
+        print(
+            f"  {status:11s} {mutant.path}:{mutant.line} {mutant.kind}: {row['mutated']}",
+            flush=True,
+        )
         with log.open("a") as out:
             out.write(json.dumps(row) + "\n")
         results[mutant.key] = row
@@ -925,8 +1061,10 @@ def mutate(workdir: Path, mutants: list[Mutant], baseline: Baseline, results: di
 
 
 def counts(rows: list[dict]) -> dict[str, int]:
-    count = {s: sum(r["status"] == s for r in rows)
-             for s in ("killed", "timeout", "survived", "not covered")}
+    count = {
+        s: sum(r["status"] == s for r in rows)
+        for s in ("killed", "timeout", "survived", "not covered")
+    }
     return {"mutants": len(rows), **count}
 
 
@@ -938,32 +1076,44 @@ def _rate(count: dict[str, int]) -> str:
 def summary_table(rows_by_package: dict[str, list[dict]], totals: dict[str, int]) -> str:
     """The per-package table (Markdown): mutants run of all made, killed (timeouts among them),
     survived, not covered (no test runs the line), kill rate."""
-    out = ["| package | mutants | of | killed | (timeouts) | survived | not covered | "
-           "kill rate |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [
+        "| package | mutants | of | killed | (timeouts) | survived | not covered | kill rate |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     every: list[dict] = []
     for package, rows in rows_by_package.items():
         every += rows
         c = counts(rows)
-        out.append(f"| `{package}` | {c['mutants']} | {totals[package]} | "
-                   f"{c['killed'] + c['timeout']} | {c['timeout']} | {c['survived']} | "
-                   f"{c['not covered']} | {_rate(c)} |")
+        out.append(
+            f"| `{package}` | {c['mutants']} | {totals[package]} | "
+            f"{c['killed'] + c['timeout']} | {c['timeout']} | {c['survived']} | "
+            f"{c['not covered']} | {_rate(c)} |"
+        )
     c = counts(every)
-    out.append(f"| all | {c['mutants']} | {sum(totals.values())} | "
-               f"{c['killed'] + c['timeout']} | {c['timeout']} | {c['survived']} | "
-               f"{c['not covered']} | {_rate(c)} |")
+    out.append(
+        f"| all | {c['mutants']} | {sum(totals.values())} | "
+        f"{c['killed'] + c['timeout']} | {c['timeout']} | {c['survived']} | "
+        f"{c['not covered']} | {_rate(c)} |"
+    )
     return "\n".join(out)
 
 
 def report(rows_by_file: dict[Path, list[dict]], totals: dict[str, int]) -> None:
-    print(f"\n{'file':44s} {'mutants':>7s} {'killed':>6s} {'t/out':>5s} {'surv':>4s} "
-          f"{'uncov':>5s} {'killed%':>7s} {'sec':>6s}")
+    print(
+        f"\n{'file':44s} {'mutants':>7s} {'killed':>6s} {'t/out':>5s} {'surv':>4s} "
+        f"{'uncov':>5s} {'killed%':>7s} {'sec':>6s}"
+    )
     packages: dict[str, list[dict]] = {}
     for file, rows in rows_by_file.items():
         packages.setdefault(package_of(file), []).extend(rows)
         if rows:
             _report_line(str(file.relative_to(PACKAGE)), rows)
-    survivors = [r for rows in rows_by_file.values() for r in rows
-                 if r["status"] in ("survived", "not covered")]
+    survivors = [
+        r
+        for rows in rows_by_file.values()
+        for r in rows
+        if r["status"] in ("survived", "not covered")
+    ]
     if survivors:
         print("\nsurvivors:")
     for r in survivors:
@@ -975,18 +1125,29 @@ def report(rows_by_file: dict[Path, list[dict]], totals: dict[str, int]) -> None
 def _report_line(name: str, rows: list[dict]) -> None:
     c = counts(rows)
     seconds = sum(r["seconds"] for r in rows)
-    print(f"{name:44s} {c['mutants']:7d} {c['killed']:6d} {c['timeout']:5d} "
-          f"{c['survived']:4d} {c['not covered']:5d} {_rate(c):>7s} {seconds:6.0f}")
+    print(
+        f"{name:44s} {c['mutants']:7d} {c['killed']:6d} {c['timeout']:5d} "
+        f"{c['survived']:4d} {c['not covered']:5d} {_rate(c):>7s} {seconds:6.0f}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("targets", nargs="*",
-                        help="files or package folders under python/minisgl (default: all)")
-    parser.add_argument("--workdir", type=Path, default=DEFAULT_WORKDIR,
-                        help=f"the private copy the mutants are written in ({DEFAULT_WORKDIR})")
-    parser.add_argument("--sample", type=int, metavar="N",
-                        help="run a fixed-seed sample of N mutants of each package")
+    parser.add_argument(
+        "targets", nargs="*", help="files or package folders under python/minisgl (default: all)"
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=DEFAULT_WORKDIR,
+        help=f"the private copy the mutants are written in ({DEFAULT_WORKDIR})",
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        metavar="N",
+        help="run a fixed-seed sample of N mutants of each package",
+    )
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (0)")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     parser.add_argument("--fresh", action="store_true", help="forget the results of earlier runs")
@@ -1027,8 +1188,14 @@ def main(argv: list[str] | None = None) -> int:
                     rows[file] = [r for r in done if r["path"] == str(file)]
     finally:
         clean = unchanged_in_git(workdir)
-        print(f"\nworkdir {workdir}: " + ("every file restored (git status clean)" if clean
-                                          else "FILES LEFT CHANGED: see git status there"))
+        print(
+            f"\nworkdir {workdir}: "
+            + (
+                "every file restored (git status clean)"
+                if clean
+                else "FILES LEFT CHANGED: see git status there"
+            )
+        )
     report(rows, totals)
     print(f"\n{time.monotonic() - started:.0f} s, {time.strftime('%Y-%m-%d')}")
     return 0 if clean else 1
