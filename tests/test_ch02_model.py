@@ -20,8 +20,11 @@ from minisgl.layers.rotary import RotaryEmbedding, rope_frequencies
 from minisgl.models import ModelConfig, create_model, get_model_class, sequence_logits
 from minisgl.models.utils import build_mlp
 
-PROMPTS = ["hello world", "The quick brown fox jumps over the lazy dog.",
-           "Once upon a time there was a small robot who lived in a library."]
+PROMPTS = [
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time there was a small robot who lived in a library.",
+]
 
 
 def _config(path) -> ModelConfig:
@@ -45,10 +48,12 @@ def test_gated_mlp_matches_transformers(tiny_models):
     config = _config(path)
     ref: LlamaMLP = hf_model(path).model.layers[0].mlp
     mlp = build_mlp(config, 0)
-    mlp.load_state_dict({
-        "gate_up_proj.weight": torch.cat([ref.gate_proj.weight, ref.up_proj.weight]),
-        "down_proj.weight": ref.down_proj.weight,
-    })
+    mlp.load_state_dict(
+        {
+            "gate_up_proj.weight": torch.cat([ref.gate_proj.weight, ref.up_proj.weight]),
+            "down_proj.weight": ref.down_proj.weight,
+        }
+    )
     x = torch.randn(7, config.hidden_size)
     with torch.no_grad():
         assert torch.allclose(mlp.forward(x), ref(x), atol=1e-5)
@@ -58,18 +63,35 @@ def test_gated_mlp_matches_transformers(tiny_models):
 
 ROPES = {
     "default": None,
-    "llama3": dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                   original_max_position_embeddings=512),
+    "llama3": dict(
+        rope_type="llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=512,
+    ),
     "yarn": dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=512),
-    "yarn-untruncated": dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=512,
-                             beta_fast=16, beta_slow=2, truncate=False, attention_factor=1.25),
+    "yarn-untruncated": dict(
+        rope_type="yarn",
+        factor=4.0,
+        original_max_position_embeddings=512,
+        beta_fast=16,
+        beta_slow=2,
+        truncate=False,
+        attention_factor=1.25,
+    ),
 }
 
 
 def _hf_rope(head_dim: int, base: float, scaling: dict | None, max_pos: int):
     params = {"rope_type": "default", "rope_theta": base, **(scaling or {})}
-    config = LlamaConfig(hidden_size=head_dim * 4, num_attention_heads=4, head_dim=head_dim,
-                         max_position_embeddings=max_pos, rope_parameters=params)
+    config = LlamaConfig(
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=max_pos,
+        rope_parameters=params,
+    )
     return LlamaRotaryEmbedding(config)
 
 
@@ -87,8 +109,10 @@ def test_rope_matches_transformers(kind, head_dim, base):
     rope = RotaryEmbedding(head_dim, max_pos, base, scaling)
     oq, ok = rope.forward(positions, q, k)
     hf = _hf_rope(head_dim, base, scaling, max_pos)
-    state = (f"default dtype {torch.get_default_dtype()}, default device "
-             f"{torch.empty(0).device}, rope_parameters {hf.config.rope_parameters}")
+    state = (
+        f"default dtype {torch.get_default_dtype()}, default device "
+        f"{torch.empty(0).device}, rope_parameters {hf.config.rope_parameters}"
+    )
     freqs = rope_frequencies(head_dim, base, scaling)
     assert torch.allclose(hf.inv_freq, freqs[0], rtol=1e-5), f"inv_freq differs; {state}"
     assert hf.attention_scaling == pytest.approx(freqs[1]), state
@@ -102,9 +126,11 @@ def test_rope_matches_transformers(kind, head_dim, base):
     for ours, theirs in ((oq, hq[0].transpose(0, 1)), (ok, hk[0].transpose(0, 1))):
         err = (ours - theirs).abs().flatten(1).amax(1)
         rows = (err > tolerance).nonzero().flatten().tolist()
-        assert rows == [], (f"rows {rows} differ by {err[rows].tolist()} (positions "
-                            f"{positions[rows].tolist()}); {state}, {torch.get_num_threads()} "
-                            f"threads, CPU capability {torch.backends.cpu.get_cpu_capability()}")
+        assert rows == [], (
+            f"rows {rows} differ by {err[rows].tolist()} (positions "
+            f"{positions[rows].tolist()}); {state}, {torch.get_num_threads()} "
+            f"threads, CPU capability {torch.backends.cpu.get_cpu_capability()}"
+        )
     if scaling is not None:  # the inputs reach the scaled frequencies: a scaling bug would show
         plain_q, _ = RotaryEmbedding(head_dim, max_pos, base).forward(positions, q, k)
         assert (plain_q - oq).abs().max() > 0.1
@@ -156,32 +182,55 @@ def test_config_older_layout_and_nesting():
     """transformers 4 wrote rope_theta and rope_scaling apart ("type" in older files); multimodal
     configs nest the language model under text_config."""
     old = {
-        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 1000,
-        "hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 6,
-        "num_attention_heads": 8, "num_key_value_heads": 4, "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 40960, "rope_theta": 1000000.0, "torch_dtype": "bfloat16",
-        "rope_scaling": {"type": "yarn", "factor": 4.0}, "num_experts": 16,
-        "num_experts_per_tok": 4, "moe_intermediate_size": 64, "decoder_sparse_step": 2,
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "vocab_size": 1000,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 40960,
+        "rope_theta": 1000000.0,
+        "torch_dtype": "bfloat16",
+        "rope_scaling": {"type": "yarn", "factor": 4.0},
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 64,
+        "decoder_sparse_step": 2,
         "mlp_only_layers": [3],
     }
     c = ModelConfig.from_dict(old)
     assert c.head_dim == 32 and c.dtype == torch.bfloat16 and c.rope_theta == 1000000.0
-    assert c.rope_scaling == {"rope_type": "yarn", "factor": 4.0,
-                              "original_max_position_embeddings": 40960}
+    assert c.rope_scaling == {
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 40960,
+    }
     assert c.num_experts == 16 and c.norm_topk_prob is False  # the HF default
     assert [c.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
-    nested = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "text_config": {
-        k: v for k, v in old.items() if k not in ("architectures", "model_type")}})
+    nested = ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "text_config": {
+                k: v for k, v in old.items() if k not in ("architectures", "model_type")
+            },
+        }
+    )
     assert nested.num_layers == 6 and nested.architecture == "LlamaForCausalLM"
     with pytest.raises(ValueError, match="architectures"):
         ModelConfig.from_dict({k: v for k, v in old.items() if k != "architectures"})
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"sliding_window": 4096}, "sliding-window attention"),
-    ({"partial_rotary_factor": 0.5}, "partial rotary"),
-    ({"mlp_bias": True}, "mlp_bias"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"sliding_window": 4096}, "sliding-window attention"),
+        ({"partial_rotary_factor": 0.5}, "partial rotary"),
+        ({"mlp_bias": True}, "mlp_bias"),
+    ],
+)
 def test_config_refuses_what_the_decoder_does_not_implement(tiny_models, extra, message):
     raw = json.loads((tiny_models["mistral"] / "config.json").read_text())
     with pytest.raises(ValueError, match=message):
@@ -195,8 +244,13 @@ def test_config_refuses_what_the_decoder_does_not_implement(tiny_models, extra, 
 
 
 def test_registry_maps_the_five_architectures_to_one_decoder(tiny_models):
-    names = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
-             "Qwen3MoeForCausalLM"]
+    names = [
+        "LlamaForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+        "MistralForCausalLM",
+        "Qwen3MoeForCausalLM",
+    ]
     assert len({get_model_class(n) for n in names}) == 1
     config = _config(tiny_models["llama3"])
     config.architecture = "GPT2LMHeadModel"
@@ -207,11 +261,18 @@ def test_registry_maps_the_five_architectures_to_one_decoder(tiny_models):
 
 def test_weight_names_mirror_transformers(tiny_models):
     names = set(create_model(_config(tiny_models["qwen3"])).state_dict())
-    for name in ["model.embed_tokens.weight", "model.layers.0.self_attn.qkv_proj.weight",
-                 "model.layers.1.self_attn.q_norm.weight", "model.layers.0.self_attn.o_proj.weight",
-                 "model.layers.0.mlp.gate_up_proj.weight", "model.layers.1.mlp.down_proj.weight",
-                 "model.layers.0.input_layernorm.weight", "model.norm.weight", "lm_head.weight",
-                 "model.layers.1.post_attention_layernorm.weight"]:
+    for name in [
+        "model.embed_tokens.weight",
+        "model.layers.0.self_attn.qkv_proj.weight",
+        "model.layers.1.self_attn.q_norm.weight",
+        "model.layers.0.self_attn.o_proj.weight",
+        "model.layers.0.mlp.gate_up_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        "model.layers.1.post_attention_layernorm.weight",
+    ]:
         assert name in names
     qwen2 = create_model(_config(tiny_models["qwen2"]))
     sd = qwen2.state_dict()
@@ -221,10 +282,17 @@ def test_weight_names_mirror_transformers(tiny_models):
 
 
 def test_weights_take_the_default_dtype():
-    config = ModelConfig.from_dict({
-        "architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 16,
-        "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "max_position_embeddings": 64})
+    config = ModelConfig.from_dict(
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "vocab_size": 32,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 64,
+        }
+    )
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:
@@ -257,3 +325,32 @@ def test_position_t_sees_only_tokens_up_to_t(tiny_models):
     changed = sequence_logits(model, ids[:6] + [ids[6] + 1] + ids[7:])
     assert torch.allclose(full[:6], changed[:6], atol=1e-5)  # before the change: untouched
     assert all((full[t] - changed[t]).abs().max() > 1e-2 for t in range(6, len(ids)))
+
+
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        # a low_freq_factor other than 1: the long-wavelength bound old_len / low differs from
+        # old_len * low, and wavelengths between the two are scaled, not blended
+        dict(
+            rope_type="llama3",
+            factor=8.0,
+            low_freq_factor=2.0,
+            high_freq_factor=8.0,
+            original_max_position_embeddings=8192,
+        ),
+        # beta_fast and beta_slow left to their defaults (32, 1) at original lengths where the
+        # truncated correction bound of a beta of 33 or 2 would fall on another pair
+        dict(rope_type="yarn", factor=4.0, original_max_position_embeddings=2048),
+        dict(rope_type="yarn", factor=16.0, original_max_position_embeddings=32768),
+    ],
+    ids=["llama3-low2", "yarn-2048", "yarn-32768"],
+)
+def test_rope_frequencies_match_transformers_at_more_settings(scaling):
+    """The scaled frequencies alone (no rotation: fast), over head sizes and bases, against
+    transformers' own, for settings the tiny models and the test above leave out."""
+    for head_dim, base in ((64, 10000.0), (128, 10000.0), (128, 1000000.0)):
+        hf = _hf_rope(head_dim, base, scaling, 4 * scaling["original_max_position_embeddings"])
+        inv_freq, attention = rope_frequencies(head_dim, base, scaling)
+        assert torch.allclose(hf.inv_freq, inv_freq, rtol=1e-5), (head_dim, base)
+        assert hf.attention_scaling == pytest.approx(attention), (head_dim, base)

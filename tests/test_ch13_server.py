@@ -805,3 +805,60 @@ def test_the_scheduler_processs_module_imports_no_web_server_or_tokenizer():
     transformers would cost it 1.5 CPU-seconds of imports at each start, for nothing."""
     heavy = ["uvicorn", "fastapi", "transformers"]
     assert modules_imported("minisgl.server.launch", heavy) == []
+
+
+# what an OpenAI client may send to ask for nothing more: each must pass, and any other value
+# is refused naming the parameter (the SDKs fill some of these in by default)
+NO_OP = {
+    "n": 1,
+    "best_of": 1,
+    "logprobs": False,
+    "top_logprobs": 0,
+    "echo": False,
+    "suffix": "",
+    "tools": [],
+    "tool_choice": "none",
+    "functions": [],
+    "logit_bias": {},
+    "presence_penalty": 0,
+    "frequency_penalty": 0,
+}
+SOMETHING = {
+    "n": 2,
+    "best_of": 2,
+    "logprobs": True,
+    "top_logprobs": 1,
+    "echo": True,
+    "suffix": "!",
+    "tools": [{"type": "function"}],
+    "tool_choice": "auto",
+    "functions": [{"name": "f"}],
+    "logit_bias": {"1": 5},
+    "presence_penalty": 0.5,
+    "frequency_penalty": -0.5,
+}
+
+
+@pytest.mark.parametrize("name", list(NO_OP))
+def test_an_unsupported_parameter_passes_at_its_no_op_value_only(name):
+    """In process, no server: the request model and ``sampling_params`` alone."""
+    from minisgl.server.api_server import APIError, CompletionRequest, sampling_params
+
+    for value in (None, NO_OP[name]):
+        sampling_params(CompletionRequest(prompt="Hi", **{name: value}), 4)
+    with pytest.raises(APIError) as refused:
+        sampling_params(CompletionRequest(prompt="Hi", **{name: SOMETHING[name]}), 4)
+    assert refused.value.status == 400 and refused.value.param == name
+
+
+@pytest.mark.parametrize("port,ok", [(-1, False), (0, True), (65535, True), (65536, False)])
+def test_the_port_must_be_a_port(port, ok, capsys):
+    from minisgl.server.args import parse_args
+
+    argv = ["--model-path", "/m", "--port", str(port), "--device", "cpu"]
+    if ok:
+        assert parse_args(argv).port == port
+    else:
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert "--port must be in [0, 65536)" in capsys.readouterr().err

@@ -404,3 +404,53 @@ def test_the_chat_endpoint_refuses_a_too_long_conversation_with_400_and_goes_on(
         assert server.exitstatus == 0 and list(tmp_path.rglob("*")) == []
     finally:
         server.terminate(force=True)
+
+
+class _IdleStats:
+    """The scheduler's numbers as an idle scheduler's shared array reads them."""
+
+    def read(self) -> dict:
+        return {"num_running_reqs": 0}
+
+
+def _bare_shell() -> tuple:
+    """A Shell with no workers behind it (lines that never reach the scheduler), its output."""
+    import io
+
+    from minisgl.shell import Shell
+
+    out = io.StringIO()
+    return Shell(None, None, _IdleStats(), len, CONTEXT, out=out), out  # type: ignore[arg-type]
+
+
+def test_an_unknown_command_gets_the_help_line_and_no_turn():
+    """In process: no reply is asked for, the conversation stays as it was, the shell goes on;
+    an empty line says nothing."""
+    from minisgl.shell import HELP
+
+    shell, out = _bare_shell()
+    assert shell.handle("/nope") and shell.handle("")
+    assert out.getvalue() == f"(unknown command /nope; {HELP})\n"
+    assert shell.history == [] and not shell.handle("/exit")
+
+
+def test_waiting_for_an_idle_scheduler_does_not_wait():
+    """After Ctrl-C the shell waits for the scheduler to drop the request, and no longer: an idle
+    one is not waited on for the whole timeout."""
+    import time
+
+    shell, _ = _bare_shell()
+    started = time.monotonic()
+    shell._wait_idle(timeout=5.0)
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_shell_on_a_pipe_reads_plain_lines(monkeypatch):
+    """Not a terminal (``python -m minisgl --shell < lines.txt``): plain ``input``, no
+    prompt_toolkit, which would refuse a pipe."""
+    import io
+
+    from minisgl.shell import prompt_reader
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("/stats\n"))
+    assert prompt_reader()() == "/stats"

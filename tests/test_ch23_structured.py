@@ -306,3 +306,35 @@ def test_json_outputs_validate_on_cuda(tiny_models):
         jsonschema.validate(json.loads(out["text"]), PERSON)
     assert_pages_all_back(llm.scheduler)
     llm.shutdown()
+
+
+class _FakeMatcher:
+    """Fills a bitmask row with the given tokens' bits, whatever lies past the vocabulary."""
+
+    def __init__(self, tokens: List[int]):
+        self.tokens = tokens
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        words = [0] * bitmask.shape[1]
+        for t in self.tokens:
+            words[t // 32] |= 1 << (t % 32)
+        signed = [w - (1 << 32) if w >= 1 << 31 else w for w in words]  # int32's bits
+        bitmask[row] = torch.tensor(signed, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("vocab", [40, 62])  # 62: a multiple of 31, not of 32
+def test_bits_past_the_vocabulary_are_no_tokens_a_grammar_allows(vocab):
+    """xgrammar may leave the bits past the vocabulary set in the last word of a row: a grammar
+    whose only 'tokens' are there allows nothing, and one allowing the first or the last token
+    of that word allows something. (A fake matcher: no tokenizer or compiled grammar needed.)"""
+    from minisgl.structured.grammar import RequestGrammar
+
+    def allows_any(tokens: List[int]) -> bool:
+        grammar = RequestGrammar.__new__(RequestGrammar)
+        grammar._matcher, grammar.vocab_size, grammar.accepted = _FakeMatcher(tokens), vocab, 0
+        return grammar.allows_any()
+
+    last_word = range(32 * (vocab // 32), 32 * (vocab // 32 + 1))
+    assert not allows_any([t for t in last_word if t >= vocab])
+    assert allows_any([32 * (vocab // 32)]) and allows_any([vocab - 1])
+    assert allows_any([0]) and not allows_any([])

@@ -522,3 +522,18 @@ def test_padded_verify_batches_give_the_same_tokens(tiny_models, method):
     assert _tokens(llm) == want
     assert padded and all(size < 8 for size in padded)
     assert_pages_all_back(llm.scheduler)
+
+
+def test_ngram_drafts_try_a_suffix_of_four_tokens_by_default():
+    """The longest suffix looked up is 4 tokens unless asked otherwise, for the function and the
+    drafter the scheduler makes: here a 5-token suffix, or a 3-token one, matches elsewhere and
+    would draft other tokens."""
+    from minisgl.core import Req, SamplingParams
+    from minisgl.speculative import NgramDrafter, propose_ngram
+
+    tokens = [1, 2, 3, 4, 5, 10, 2, 3, 4, 5, 20, 8, 3, 4, 5, 30, 1, 2, 3, 4, 5]
+    assert propose_ngram(tokens, 2) == [20, 8]  # after the latest earlier [2, 3, 4, 5]
+    assert propose_ngram(tokens, 2, max_n=5) == [10, 2]
+    assert propose_ngram(tokens, 2, max_n=3) == [30, 1]
+    req = Req(0, tokens, SamplingParams(max_tokens=4))
+    assert NgramDrafter().propose([req], [2]) == [[20, 8]]
