@@ -276,3 +276,15 @@ def test_judge_many_gives_what_judge_gives(monkeypatch: pytest.MonkeyPatch, tmp_
     assert alone[2][0].message.startswith("used more than")
     assert alone[3][0].message.startswith("took longer than")
     assert runner.all_passed(alone[0]) and runner.all_passed(alone[5])
+
+
+def test_a_crash_is_a_crash_when_the_judge_itself_is_large(quick: None, tmp_path: Path) -> None:
+    """A forked child's ru_maxrss counts the parent's memory at the fork: judged from a large
+    process (pytest running every test, steps.py's warm Python), every crash and timeout once
+    looked like a child at its memory cap."""
+    ballast = b"x" * (CAP_MB * 2**20)  # written, so resident: this process is above the cap
+    source = "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n"
+    outcomes, _ = judge.judge(EXERCISE, _solution(tmp_path, source))
+    assert len(ballast) and [(o.name, o.message) for o in outcomes] == [
+        ("runner", "the judge crashed: its process was killed by signal 9")
+    ]
