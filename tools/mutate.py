@@ -567,13 +567,23 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
-    test = item.nodeid.split("[")[0]
+    # what fixtures do (a server started for the whole module) is told apart: its effect
+    # reaches every test that uses the fixture, not only the one that happened to start it
+    _switch(item.nodeid.split("[")[0] + "|setup")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item):
+    _switch(item.nodeid.split("[")[0])
+
+
+def _switch(context):
     current = coverage.Coverage.current()
     if current is not None:
-        current.switch_context(test)
+        current.switch_context(context)
     path = os.environ["MUTATE_CURRENT"]
     with open(path + ".tmp", "w") as f:
-        f.write(test)
+        f.write(context)
     os.replace(path + ".tmp", path)
     # a server that the test asks at once must count its answer as this test's: wait (2 s at
     # most) until every live process of the earlier tests has switched
@@ -587,7 +597,7 @@ def pytest_runtest_setup(item):
                 os.unlink(entry.path)
                 continue
             with open(entry.path) as f:
-                lagging = lagging or f.read() != test
+                lagging = lagging or f.read() != context
         if not lagging:
             break
         time.sleep(0.002)
@@ -812,7 +822,7 @@ def tests_for(
     files, failing = set(package_tests), set(baseline.failing)
     by_line = baseline.lines.get(mutant.path, {})
     lines = {mutant.line, mutant.statement}
-    covering = {t for n in lines for t in by_line.get(str(n), [])}
+    contexts = {c for n in lines for c in by_line.get(str(n), [])}
     if lines & set(baseline.imported.get(mutant.path, [])):
         scope = _scope_lines(mutant, original) if original else None
         inside = (
@@ -820,11 +830,22 @@ def tests_for(
             if scope is None
             else ((n, ts) for n, ts in by_line.items() if int(n) in scope)
         )
-        covering |= {t for _n, ts in inside for t in ts}
+        contexts |= {c for _n, cs in inside for c in cs}
+    covering = {t for c in contexts for t in _tests_of_context(c, baseline)}
     chosen = [t for t in covering if t.split("::")[0] in files and t not in failing]
     if not chosen:
         return None
     return sorted(chosen, key=lambda t: (baseline.durations.get(t, 0.0), t))
+
+
+def _tests_of_context(context: str, baseline: Baseline) -> set[str]:
+    """A test's own context is that test; a test's setup (fixtures: a module's server, say)
+    stands for every test of its module, since any of them may use what the fixture made."""
+    test, _, phase = context.partition("|")
+    if phase != "setup":
+        return {test}
+    module = test.split("::")[0]
+    return {t for t in baseline.durations if t.split("::")[0] == module}
 
 
 def timeout_for(tests: list[str], baseline: Baseline) -> float:

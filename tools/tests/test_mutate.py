@@ -359,3 +359,33 @@ def test_a_mutant_knows_the_first_line_of_its_statement():
     where = {(m.line, m.kind): m.statement for m in mutate.mutants_of(source, "s.py")}
     assert where[(2, "and -> or")] == 1 and where[(4, "or -> and")] == 3
     assert where[(5, "statement deleted")] == 5
+
+
+def test_a_fixtures_lines_choose_every_test_of_its_module_and_a_tests_lines_that_test():
+    """A line run in a test's setup (a server a fixture starts for the whole module) may matter
+    to every test of the module; one run by the test itself, to that test; failing tests and
+    other chapters' tests are never chosen."""
+    baseline = mutate.Baseline(
+        tests_hash="",
+        durations={
+            "tests/t.py::a": 1.0,
+            "tests/t.py::b": 0.5,
+            "tests/t.py::broken": 0.1,
+            "tests/u.py::c": 0.1,
+        },
+        setups={},
+        lines={
+            "p.py": {"5": ["tests/t.py::a|setup"], "6": ["tests/t.py::a"], "7": ["tests/u.py::c"]}
+        },
+        imported={},
+        failing=["tests/t.py::broken"],
+    )
+
+    def tests(line: int) -> list[str] | None:
+        return mutate.tests_for(
+            mutate.Mutant("p.py", line, "k", "", line), baseline, ["tests/t.py"]
+        )
+
+    assert tests(5) == ["tests/t.py::b", "tests/t.py::a"]  # fastest first
+    assert tests(6) == ["tests/t.py::a"]
+    assert tests(7) is None and tests(8) is None  # another chapter's test; no test
