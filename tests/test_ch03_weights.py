@@ -215,3 +215,12 @@ def test_missing_expert_and_unexpected_tensor_are_named(tiny_models, tmp_path):
     out = _copy(tiny_models, "qwen3", tmp_path, add={extra: torch.zeros(8)})
     with pytest.raises(ValueError, match=f"unexpected weights.*'{extra}'"):
         load_model(out)
+
+
+def test_an_untied_checkpoint_without_its_lm_head_is_refused(tiny_models, tmp_path):
+    """Only a model that ties its embeddings takes them for a missing lm_head: an untied one
+    missing its lm_head is an incomplete checkpoint, named as any other missing tensor."""
+    assert not _config(tiny_models["llama3"]).tie_word_embeddings
+    out = _copy(tiny_models, "llama3", tmp_path, drop=["lm_head.weight"])
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        load_model(out)

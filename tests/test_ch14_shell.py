@@ -454,3 +454,33 @@ def test_a_shell_on_a_pipe_reads_plain_lines(monkeypatch):
 
     monkeypatch.setattr(sys, "stdin", io.StringIO("/stats\n"))
     assert prompt_reader()() == "/stats"
+
+
+def _shell_after_three_turns(new_line: int) -> str:
+    """A Shell whose client streams "ok", tokens counted as characters, 100 of context and 20
+    for the reply: three turns of 12 tokens, then a line of ``new_line`` tokens. Its output."""
+    import io
+
+    from minisgl.core import SamplingParams
+    from minisgl.shell import Shell
+
+    class Client:
+        def stream(self, messages: list, params: SamplingParams):
+            yield "ok"
+
+    def count(messages: list) -> int:
+        return sum(len(m["content"]) for m in messages)
+
+    out = io.StringIO()
+    shell = Shell(Client(), SamplingParams(max_tokens=20), _IdleStats(), count, 100, out=out)
+    for _ in range(3):
+        shell.handle("a" * 10)
+    shell.handle("b" * new_line)
+    return out.getvalue()
+
+
+def test_the_turns_left_out_are_counted_in_words():
+    """36 tokens of history and a line of 50 leave out one turn to fit 80; of 60, two."""
+    note = "left out, to leave 20 of the context's 100 tokens for the reply)\n"
+    assert f"(1 earlier turn {note}" in _shell_after_three_turns(50)
+    assert f"(2 earlier turns {note}" in _shell_after_three_turns(60)

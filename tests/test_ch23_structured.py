@@ -322,7 +322,8 @@ class _FakeMatcher:
         bitmask[row] = torch.tensor(signed, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("vocab", [40, 62])  # 62: a multiple of 31, not of 32
+# 62: a multiple of 31, not of 32; 64: a multiple of 32, whose last word is all vocabulary
+@pytest.mark.parametrize("vocab", [40, 62, 64])
 def test_bits_past_the_vocabulary_are_no_tokens_a_grammar_allows(vocab):
     """xgrammar may leave the bits past the vocabulary set in the last word of a row: a grammar
     whose only 'tokens' are there allows nothing, and one allowing the first or the last token
@@ -334,7 +335,8 @@ def test_bits_past_the_vocabulary_are_no_tokens_a_grammar_allows(vocab):
         grammar._matcher, grammar.vocab_size, grammar.accepted = _FakeMatcher(tokens), vocab, 0
         return grammar.allows_any()
 
-    last_word = range(32 * (vocab // 32), 32 * (vocab // 32 + 1))
+    words = -(-vocab // 32)
+    last_word = range(32 * (words - 1), 32 * words)
     assert not allows_any([t for t in last_word if t >= vocab])
-    assert allows_any([32 * (vocab // 32)]) and allows_any([vocab - 1])
+    assert allows_any([last_word[0]]) and allows_any([vocab - 1])
     assert allows_any([0]) and not allows_any([])
