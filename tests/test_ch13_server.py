@@ -468,6 +468,24 @@ def test_models_health_and_metric_names(server, model):
     assert m["minisgl:kv_pages_free"] + m["minisgl:kv_pages_cached"] == PAGES
 
 
+def test_a_finished_request_reaches_every_latency_histogram_and_token_counter(server):
+    """Each count grows with a reply: a histogram that is never observed still shows its name
+    (the test above), so the names alone say nothing of the numbers. Before the SIGTERM tests,
+    which stop the module's server."""
+    names = [
+        "e2e_request_latency_seconds_count",
+        "time_to_first_token_seconds_count",
+        "time_per_output_token_seconds_count",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+    ]
+    before = server.metrics()
+    server.client().completions.create(model="m", prompt=PROMPTS[0], **_greedy(4))
+    after = server.metrics()
+    for name in names:
+        assert after[f"minisgl:{name}"] > before[f"minisgl:{name}"], name
+
+
 BAD = [  # (route, body, status, the words the message must hold)
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 0}, 400, "max_tokens"),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": "many"}, 400, "max_tokens"),
@@ -862,20 +880,3 @@ def test_the_port_must_be_a_port(port, ok, capsys):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert "--port must be in [0, 65536)" in capsys.readouterr().err
-
-
-def test_a_finished_request_reaches_every_latency_histogram_and_token_counter(server):
-    """Each count grows with a reply: a histogram that is never observed still shows its name
-    (test_models_health_and_metric_names), so the names alone say nothing of the numbers."""
-    names = [
-        "e2e_request_latency_seconds_count",
-        "time_to_first_token_seconds_count",
-        "time_per_output_token_seconds_count",
-        "prompt_tokens_total",
-        "generation_tokens_total",
-    ]
-    before = server.metrics()
-    server.client().completions.create(model="m", prompt=PROMPTS[0], **_greedy(4))
-    after = server.metrics()
-    for name in names:
-        assert after[f"minisgl:{name}"] > before[f"minisgl:{name}"], name
