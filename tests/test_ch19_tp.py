@@ -274,3 +274,17 @@ def test_one_rank_through_nccl_gives_the_tokens_of_no_group(tiny_models, tmp_pat
     finally:
         destroy_distributed()
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    "rank,size,ok", [(0, 1, True), (1, 2, True), (2, 2, False), (-1, 2, False)]
+)
+def test_a_rank_lies_in_its_group(rank, size, ok):
+    """Ranks count from 0 to size - 1: rank ``size`` names no process of the group."""
+    from minisgl.distributed.info import DistributedInfo
+
+    if ok:
+        assert DistributedInfo(rank, size).rank == rank
+    else:
+        with pytest.raises(ValueError, match=f"rank {rank} is not in"):
+            DistributedInfo(rank, size)
