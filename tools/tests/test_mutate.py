@@ -328,14 +328,27 @@ done = mutate._run_group(["bash", "-c", script], ".", dict(os.environ), 3, log)
 # ended by itself, an orphan left behind in a session of its own
 left = mutate._run_group(["bash", "-c", "setsid sleep 300 & echo $!"], ".", dict(os.environ),
                          30, log)
-time.sleep(0.5)
-for out in (done.stdout, left.stdout):
-    pid = int(out.split()[0])
+
+
+def alive(pid):  # a killed orphan is this subreaper's zombie until reaped: reap first
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
     try:
         os.kill(pid, 0)
-        print("ALIVE", pid)
+        return True
     except ProcessLookupError:
-        print("gone", pid)
+        return False
+
+
+pids = [int(out.split()[0]) for out in (done.stdout, left.stdout)]
+deadline = time.monotonic() + 10  # a loaded machine delivers the kill late; never 300 s
+while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+    time.sleep(0.05)
+for pid in pids:
+    print("ALIVE" if alive(pid) else "gone", pid)
 """
 
 
