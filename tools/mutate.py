@@ -1171,6 +1171,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed (0)")
     parser.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="the table of the results kept in the workdir for these mutants, run nothing",
+    )
     parser.add_argument("--fresh", action="store_true", help="forget the results of earlier runs")
     args = parser.parse_args(argv)
     files = target_files(args.targets)
@@ -1186,6 +1191,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{m.path}:{m.line}  {m.kind}: {m.mutated_line}")
         return 0
     workdir = args.workdir.resolve()
+    if args.report:  # what an interrupted run, or several, found: mutants not run are left out
+        results = _load_results(workdir / ".mutate" / "results.jsonl")
+        found = {p: [results[m.key] for m in ms if m.key in results] for p, ms in chosen.items()}
+        for package, mutants in chosen.items():
+            if len(found[package]) < len(mutants):
+                print(f"{package}: {len(mutants) - len(found[package])} mutants not run yet")
+        print(summary_table(found, totals))
+        return 0
     if workdir == ROOT or ROOT in workdir.parents:
         sys.exit("--workdir must be outside the repository: mutants are written there")
     prepare_workdir(workdir)

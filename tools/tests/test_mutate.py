@@ -3,6 +3,7 @@ each file, the sample and the processes it leaves none of."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -402,3 +403,15 @@ def test_a_fixtures_lines_choose_every_test_of_its_module_and_a_tests_lines_that
     assert tests(5) == ["tests/t.py::b", "tests/t.py::a"]  # fastest first
     assert tests(6) == ["tests/t.py::a"]
     assert tests(7) is None and tests(8) is None  # another chapter's test; no test
+
+
+def test_report_tables_the_results_kept_and_runs_nothing(tmp_path, capsys):
+    file = "python/minisgl/utils/misc.py"
+    mutants = mutate.sample(mutate.mutants_of((mutate.ROOT / file).read_text(), file), 3)
+    (tmp_path / ".mutate").mkdir()
+    rows = [{"key": m.key, "status": s} for m, s in zip(mutants, ["killed", "survived"])]
+    (tmp_path / ".mutate" / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert mutate.main(["--report", "--sample", "3", "--workdir", str(tmp_path), file]) == 0
+    out = capsys.readouterr().out
+    assert "utils: 1 mutants not run yet" in out
+    assert "| `utils` | 2 | " in out and "| 1 | 0 | 1 | 0 | 50.0% |" in out
