@@ -95,7 +95,6 @@ class Layers:
         self.rank = {part: i for i, layer in enumerate(order) for part in layer}
         self.order = order
         self.shown = shown
-        self.top = ""  # the package's name, from the first module checked
 
     def check(self, source: Path, module: str) -> list[Problem]:
         """The runtime imports of one package module that run up (or across) the layers."""
@@ -103,7 +102,6 @@ class Layers:
         if isinstance(tree, Problem):
             return []  # the closure check reports it
         top, _, rest = module.partition(".")
-        self.top = top
         here = rest.split(".")[0]
         if not here:
             return []  # the package's own __init__
@@ -119,14 +117,14 @@ class Layers:
         for node in _runtime_imports(tree):
             pairs = _imports(node, module, source.name == "__init__.py")
             upward = sorted(
-                {self._part(target) for target, _ in pairs} - {here, None},
+                {_part(top, target) for target, _ in pairs} - {here, None},
                 key=lambda part: self.rank.get(part, -1),
             )
             upward = [
                 part for part in upward if part in self.rank and self.rank[part] >= self.rank[here]
             ]
             if upward:
-                names = [name for target, name in pairs if self._part(target) == upward[-1]]
+                names = [name for target, name in pairs if _part(top, target) == upward[-1]]
                 spelled = _spelled(pairs[0][0], ", ".join(n for n in names if n) or None)
                 how = "beside" if self.rank[upward[-1]] == self.rank[here] else "above"
                 problems.append(
@@ -139,10 +137,12 @@ class Layers:
                 )
         return problems
 
-    def _part(self, target: str) -> str | None:
-        """`minisgl.engine.sample` -> `engine`; None outside the package or for the package."""
-        package, _, inside = target.partition(".")
-        return inside.split(".")[0] or None if package == self.top else None
+
+def _part(top: str, target: str) -> str | None:
+    """`minisgl.engine.sample` -> `engine` (top `minisgl`); None outside the package or for the
+    package itself."""
+    package, _, inside = target.partition(".")
+    return inside.split(".")[0] or None if package == top else None
 
 
 def _runtime_imports(tree: ast.Module) -> list[ast.stmt]:
