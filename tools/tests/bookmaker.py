@@ -9,6 +9,9 @@ from pathlib import Path
 import yaml
 
 STEPS = Path(__file__).resolve().parents[1] / "steps.py"
+REPO = Path(__file__).resolve().parents[2]
+# What the steps tool reads of this repository's book: a copy of them is a book it can check
+BOOK_PARTS = ("steps.yaml", "pyproject.toml", "python", "chapters", "examples", "tests")
 
 
 def write_files(root: Path, files: dict[str, str]) -> None:
@@ -113,4 +116,20 @@ def toy_book(root: Path) -> Path:
         ],
         support=["tests/helpers.py"],
     )
+    return root
+
+
+def copy_real_book(root: Path) -> Path:
+    """A copy of this repository's book at `root` (package, stored versions, mains, tests,
+    steps.yaml), to edit without touching the repository."""
+    import shutil
+
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    root.mkdir(parents=True, exist_ok=True)
+    for part in BOOK_PARTS:
+        source = REPO / part
+        if source.is_dir():
+            shutil.copytree(source, root / part, ignore=ignore)
+        else:
+            shutil.copyfile(source, root / part)
     return root

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from bookmaker import steps
+from bookmaker import copy_real_book, steps
 from conftest import snapshot
 from stepslib.gitin import rewrite_list
 
-REPO = Path(__file__).resolve().parents[2]
 # What the real book's import reads and writes, copied so that a test can write freely.
-BOOK_PARTS = ("steps.yaml", "pyproject.toml", "python", "chapters", "examples", "tests")
 
 
 def _git(folder: Path, *args: str, editor: str | None = None) -> str:
@@ -58,16 +55,7 @@ def _replace(path: Path, old: str, new: str) -> None:
 @pytest.fixture(scope="module")
 def real_book(tmp_path_factory) -> Path:
     """A copy of this repository's book (package, stored versions, mains, tests, steps.yaml)."""
-    root = tmp_path_factory.mktemp("real") / "book"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for part in BOOK_PARTS:
-        source = REPO / part
-        if source.is_dir():
-            shutil.copytree(source, root / part, ignore=ignore)
-        else:
-            root.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, root / part)
-    return root
+    return copy_real_book(tmp_path_factory.mktemp("real") / "book")
 
 
 def test_the_real_book_comes_back_byte_for_byte(real_book, tmp_path):

@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 import yaml
-from bookmaker import steps
+from bookmaker import copy_real_book, steps
 from stepslib.book import load_book
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,17 +131,7 @@ def test_the_final_tree_has_no_package_cycle():
 def test_an_upward_import_planted_in_the_real_book_is_named(tmp_path):
     """The engine's own layers: kernel/ importing engine/ (the cycle the layers ended) fails
     `check --static` in every chapter whose tree holds the file, at its file and line."""
-    import shutil
-
-    root = tmp_path / "book"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
-    for part in ("steps.yaml", "pyproject.toml", "python", "chapters", "examples", "tests"):
-        source = REPO / part
-        if source.is_dir():
-            shutil.copytree(source, root / part, ignore=ignore)
-        else:
-            root.mkdir(exist_ok=True)
-            shutil.copyfile(source, root / part)
+    root = copy_real_book(tmp_path / "book")
     store = root / "python/minisgl/kernel/store.py"
     lines = store.read_text(encoding="utf-8").splitlines(keepends=True)
     at = next(i for i, line in enumerate(lines) if line.startswith("import torch"))
