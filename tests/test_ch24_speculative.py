@@ -255,6 +255,51 @@ def test_pages_all_come_back_after_refusals_and_aborts(tiny_models, perturbed, m
     assert [len(r.output_ids) for r in reqs[3:]] == [40] * (len(reqs) - 3)
 
 
+def test_a_mirror_drafts_only_when_the_draft_pool_has_all_its_pages(tiny_models, perturbed):
+    """A draft mirror takes the pages for its tokens and its first k - 1 drafts at once, or
+    none: one page short, the request decodes without drafts and the draft's pool keeps its
+    free pages; with exactly enough free, it drafts k. Its tokens stay greedy's throughout."""
+    from minisgl.utils.misc import div_ceil
+
+    path, k, page = tiny_models["llama3"], 4, 3
+    draft = str(perturbed("llama3"))
+    s = _scheduler(
+        path, page, cache_type="naive", speculative="draft", speculative_k=k, draft_model=draft
+    )
+    req = s.add_req(_ids(path, PROMPTS[1]), greedy(30))
+    s.step()
+    s.step()  # the prefill, then one speculative step: the mirror has run the prompt
+    drafter, stats = s.speculator.drafter, s.speculator.stats
+    pool = drafter.cache
+
+    def step_with_free_pages(short: int) -> int:
+        """One step with the draft pool's free pages cut to what the mirror needs, less
+        ``short``: the drafts it proposed."""
+        mirror = drafter.mirrors[req]
+        end = len(req.all_ids) + k - 1
+        needed = div_ceil(end, page) - div_ceil(mirror.cached_len, page)
+        held = pool._take(pool.num_free_pages - (needed - short))
+        proposed, free = stats.proposed, pool.num_free_pages
+        s.step()
+        if short:
+            assert pool.num_free_pages == free, "a mirror that drafts nothing takes no page"
+        pool._free((held[:, None] * page + torch.arange(page)).flatten())  # slots, by page
+        return stats.proposed - proposed
+
+    assert step_with_free_pages(short=1) == 0
+    assert step_with_free_pages(short=0) == k
+    s.run_until_idle()
+    s.speculator.check_integrity()
+    assert pool.num_free_pages == pool.num_pages
+    pool._take(1)  # a page the draft's pool lost: the speculator's check sees it
+    with pytest.raises(RuntimeError, match="pages lost"):
+        s.speculator.check_integrity()
+    plain = _scheduler(path, page, cache_type="naive")
+    expected = plain.add_req(_ids(path, PROMPTS[1]), greedy(30))
+    plain.run_until_idle()
+    assert req.output_ids == expected.output_ids
+
+
 def test_a_running_request_holds_only_the_pages_of_its_kept_tokens(tiny_models):
     """After each speculative step a request's pages are those of its cached tokens and the
     one it runs next: the pages a refused draft took are free again."""
