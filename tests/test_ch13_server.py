@@ -665,7 +665,7 @@ def own_servers(model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("own_servers")
     servers = {
         "fault": Server(
-            model, folder / "fault.log", wait=False, env={"MINISGL_FAILURE_GRACE_S": "1.5"}
+            model, folder / "fault.log", wait=False, env={"MINISGL_FAILURE_GRACE_S": "3"}
         ),
         "cut": Server(model, folder / "cut.log", "--shutdown-timeout", str(CUT_DRAIN), wait=False),
     }
@@ -698,7 +698,15 @@ def test_the_scheduler_killed_mid_run_gives_503_then_a_nonzero_exit(own_servers)
         thread.join(timeout=WAIT)
         assert not thread.is_alive() and len(errors) == 1
         assert errors[0].status_code == 503 and "scheduler" in errors[0].message
+        late = httpx.post(  # the grace period: a new client, on a new connection, learns why
+            srv.url + "/v1/completions",
+            json={"model": "m", "prompt": "Hi", "max_tokens": 1},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=WAIT,
+        )
+        assert late.status_code == 503 and "scheduler" in late.json()["error"]["message"]
         assert srv.proc.wait(timeout=WAIT) != 0
+        assert "answering 503 for 3.0 s, then stopping" in srv.log.read_text()
         log = srv.log.read_text()
         assert "the scheduler process was killed by SIGKILL" in log
         assert "Traceback" not in log, log
