@@ -12,7 +12,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import check, runner
+from . import check, installed, runner
 from .book import Book, Chapter, load_book, parse_selection
 from .errors import BookError
 from .render import PRINTS, render_book
@@ -302,8 +302,13 @@ def cmd_check(book: Book, args: argparse.Namespace) -> int:
         no_skip=args.no_skip,
         tool=_invocation(book),
     )
+    packages = installed.snapshot()
     results = check.check_book(book, chapters, options, args.jobs, sys.stderr)
     print(check.summary_table(results), end="")
+    failed = any(r.status == "fail" for r in results)
+    changed = installed.note(packages, installed.snapshot()) if failed else ""
+    if changed:  # before the details: it may explain them
+        print(f"\nnote: {changed}")
     _print_forwards(results)
     if against is not None:
         _print_learner_report(results)
@@ -312,7 +317,7 @@ def cmd_check(book: Book, args: argparse.Namespace) -> int:
             print(f"\n── {r.chapter.name} · {heading} ──\n{detail.rstrip()}")
     if args.junit:
         check.write_junit(results, args.junit.resolve())
-    return 1 if any(r.status == "fail" for r in results) else 0
+    return 1 if failed else 0
 
 
 def _print_forwards(results: list[check.Result]) -> None:

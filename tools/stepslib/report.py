@@ -4,6 +4,10 @@ pytest prints a section per failure (`____ test_name ____` under `==== FAILURES 
 under `==== ERRORS ====`), then `==== short test summary info ====` and the counts. The first
 failure is the one that points at the bug, so it is kept whole, and so is the summary; what lies
 around them is cut at line boundaries, and each cut says how much it took.
+
+The frames of a traceback that lie in libraries (site-packages, the standard library, pytest's
+own) are folded into one line per run of them: the bug is in the book's code or the test, and a
+library's frame can print a whole function's source, docstring and all, before the `E` line.
 """
 
 from __future__ import annotations
@@ -22,6 +26,14 @@ SUMMARY = "short test summary info"
 # pytest's own rules after the failures; a test's captured output may print rules of its own
 ENDS = BLOCKS | {SUMMARY, "warnings summary", "PASSES"}
 COUNTS = re.compile(r"^\d+ (failed|passed|error|errors|skipped)\b")
+# A frame's first line: pytest's `--tb=short` (`path:12: in name`) or Python's own traceback
+PYTEST_FRAME = re.compile(r"^(?P<indent>)(?P<path>[^\s:][^:]*):(?P<line>\d+): in (?P<name>\S.*)$")
+PYTHON_FRAME = re.compile(
+    r'^(?P<indent> +)File "(?P<path>[^"]+)", line (?P<line>\d+), in (?P<name>.+)$'
+)
+SITE = re.compile(r"[/\\](?:site|dist)-packages[/\\](?P<package>[^/\\]+)")
+STDLIB = re.compile(r"[/\\]lib[/\\]python3\.\d+[/\\](?P<package>[^/\\]+)")
+FROZEN = re.compile(r"^<frozen (?P<package>[\w.]+)>")
 
 
 def cut(text: str, limit: int) -> str:
@@ -44,12 +56,13 @@ def failure_report(output: str, failed: list[str]) -> tuple[str, str | None]:
     """The output made short, and the node id of the failure it shows whole.
 
     `failed` holds the failing node ids in the order they ran; the first of them that has a
-    section is shown whole. Without any section (pytest crashed, say) the output is only cut.
+    section is shown whole, its library frames folded. Without any section (pytest crashed,
+    say) the output is only cut.
     """
-    lines = output.splitlines(keepends=True)
+    lines = fold_library_frames(output).splitlines(keepends=True)
     sections = _sections(lines)
     if not sections:
-        return cut(output, BEFORE_LIMIT + REST_LIMIT), None
+        return cut("".join(lines), BEFORE_LIMIT + REST_LIMIT), None
     node, (start, end) = _first(sections, failed)
     summary = _summary_start(lines, end)
     parts = [
@@ -124,3 +137,62 @@ def _whole(section: list[str]) -> str:
     return "".join(traceback) + "".join(
         part[0] + cut("".join(part[1:]), CAPTURED_LIMIT) for part in captured
     )
+
+
+# --- library frames, folded -------------------------------------------------------------------
+
+
+def fold_library_frames(text: str) -> str:
+    """`text` with each run of a traceback's library frames folded into one line that names the
+    libraries and the last frame: `... 3 frames in transformers folded, the last
+    transformers/modeling_utils.py:4012 in from_pretrained`."""
+    lines = text.splitlines(keepends=True)
+    kept: list[str] = []
+    run: list[tuple[str, str]] = []  # the folded frames so far: (library, where)
+    indent, i = "", 0
+    while i < len(lines):
+        frame = PYTEST_FRAME.match(lines[i].rstrip("\n")) or PYTHON_FRAME.match(lines[i])
+        if frame is None:
+            kept += _folded(run, indent) + [lines[i]]
+            run, i = [], i + 1
+            continue
+        end = _frame_end(lines, i + 1, len(frame["indent"]))
+        found = library(frame["path"])
+        if found is None:
+            kept += _folded(run, indent) + lines[i:end]
+            run = []
+        else:
+            name, shown = found
+            run.append((name, f"{shown}:{frame['line']} in {frame['name'].rstrip()}"))
+            indent = frame["indent"]
+        i = end
+    return "".join(kept + _folded(run, indent))
+
+
+def library(path: str) -> tuple[str, str] | None:
+    """The library a frame's file belongs to and the path from its folder on, or None for a
+    file of the book's own (the tree's, a learner's)."""
+    found = SITE.search(path) or STDLIB.search(path) or FROZEN.search(path)
+    if found is None:
+        return None
+    return found["package"].removesuffix(".py"), path[found.start("package") :].rstrip(">")
+
+
+def _frame_end(lines: list[str], start: int, indent: int) -> int:
+    """Where a frame's lines end: its source lines are indented deeper than its first line."""
+    end = start
+    while end < len(lines) and _indent(lines[end]) > indent and lines[end].strip():
+        end += 1
+    return end
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" "))
+
+
+def _folded(run: list[tuple[str, str]], indent: str) -> list[str]:
+    if not run:
+        return []
+    names = ", ".join(dict.fromkeys(name for name, _ in run))
+    frames = "1 frame" if len(run) == 1 else f"{len(run)} frames"
+    return [f"{indent}... {frames} in {names} folded, the last {run[-1][1]}\n"]

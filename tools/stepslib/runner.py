@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .book import Chapter
-from .report import cut, failure_report
+from .report import cut, failure_report, fold_library_frames
 from .warm import WarmGone, WarmPython
 
 MAIN_TIMEOUT = 600
@@ -123,7 +123,9 @@ def run_main(
         return Outcome(False, "", f"{main} ran longer than {MAIN_TIMEOUT} s")
     if done.returncode != 0:
         return Outcome(
-            False, done.stdout, f"{main} exited with {done.returncode}:\n{cut(done.stderr, 4000)}"
+            False,
+            done.stdout,
+            f"{main} exited with {done.returncode}:\n{cut(fold_library_frames(done.stderr), 4000)}",
         )
     return Outcome(True, done.stdout)
 
@@ -137,11 +139,13 @@ def run_tests(
 ) -> Outcome:
     report = tree / ".steps-junit.xml"
     # A warm server has imported anyio (transformers does), which pytest would warn it cannot
-    # rewrite as a plugin: a warning a new process never shows.
+    # rewrite as a plugin: a warning a new process never shows. Short tracebacks: a frame is its
+    # one line, not its function's whole source (a library's can run to hundreds of lines).
     command = [
         "-m",
         "pytest",
         "-q",
+        "--tb=short",
         "-p",
         "no:cacheprovider",
         "--rootdir",

@@ -1,9 +1,13 @@
 """check: prints, tests, imports, texts, the cache, learners' trees, skips, junit."""
 
+import os
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 import yaml
-from bookmaker import steps, write_files
+from bookmaker import STEPS, steps, write_files
+from stepslib import installed
 
 
 def _set(book, chapter_id, **fields):
@@ -253,3 +257,74 @@ def test_learner_tree_that_does_not_import_is_bad_input(book, tmp_path):
     empty.mkdir()
     done = steps(book, "check", "--against", str(empty))
     assert done.returncode == 2 and "python/toy" in done.stderr
+
+
+# --- a package that changes while check runs ---------------------------------------------------
+
+INSTALLS_WHILE_RUNNING = """\
+from pathlib import Path
+
+
+def test_installs_an_extra():
+    (Path({site!r}) / "accelerate-1.2.1.dist-info").mkdir()
+    assert False, "failed after an install"
+"""
+
+
+def test_a_package_installed_while_check_ran_is_named_in_the_report(book, tmp_path):
+    site = tmp_path / "lib/site-packages"
+    (site / "numpy-2.1.0.dist-info").mkdir(parents=True)
+    write_files(book, {"tests/test_ch03_count.py": INSTALLS_WHILE_RUNNING.format(site=str(site))})
+    done = subprocess.run(
+        [sys.executable, str(STEPS), "--root", str(book), "check", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(site)},  # a site folder on the tool's sys.path
+    )
+    assert done.returncode == 1
+    note = (
+        "note: while check ran, accelerate 1.2.1 was installed.\n"
+        "A failure may come from that change, not from the book: re-run check."
+    )
+    assert note in done.stdout
+    assert done.stdout.index(note) < done.stdout.index("failed after an install")
+    assert "numpy" not in done.stdout  # there before and after: not a change
+
+
+def test_no_note_when_nothing_changed(book):
+    write_files(book, {"tests/test_ch03_count.py": "def test_wrong():\n    assert 1 == 2\n"})
+    done = steps(book, "check", "3")
+    assert done.returncode == 1 and "note:" not in done.stdout
+
+
+def test_each_kind_of_change_is_told():
+    before = {
+        "/v/site-packages/torch-2.5.0.dist-info": 1,
+        "/v/site-packages/numpy-2.1.0.dist-info": 1,
+        "/v/site-packages/old_thing-1.0.dist-info": 1,
+        "/v/site-packages/typing_extensions-4.12.0.dist-info": 1,
+        "/v/site-packages/accelerate-1.15.0.dist-info": 1,
+    }
+    after = {
+        "/v/site-packages/torch-2.5.1.dist-info": 2,
+        "/v/site-packages/numpy-2.1.0.dist-info": 2,
+        "/u/site-packages/accelerate-1.2.1.dist-info": 2,  # one more, in another site folder
+        "/v/site-packages/typing_extensions-4.12.0.dist-info": 1,
+        "/v/site-packages/accelerate-1.15.0.dist-info": 1,
+    }
+    assert installed.changes(before, after) == [
+        "accelerate 1.2.1 was installed",
+        "numpy 2.1.0 was reinstalled",
+        "old-thing 1.0 was removed",
+        "torch 2.5.0 was replaced by 2.5.1",
+    ]
+    assert installed.note(after, after) == ""
+
+
+def test_a_snapshot_holds_each_distributions_metadata_folder(tmp_path):
+    (tmp_path / "torch-2.5.0.dist-info").mkdir()
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "README.txt").write_text("not a package\n")
+    found = installed.snapshot([tmp_path, tmp_path / "missing"])
+    assert list(found) == [str(tmp_path / "torch-2.5.0.dist-info")]

@@ -6,7 +6,7 @@ import subprocess
 
 import yaml
 from bookmaker import steps, write_files
-from stepslib.report import cut, failure_report
+from stepslib.report import cut, failure_report, fold_library_frames
 
 MARKER = re.compile(r"^\.\.\. ([\d,]+) characters cut \.\.\.$", re.MULTILINE)
 BROKEN_COUNT = "def count(text: str) -> int:\n    return len(text)\n"
@@ -61,11 +61,15 @@ def test_the_first_failure_is_shown_whole_and_every_cut_is_marked(book, tmp_path
     done = steps(book, "check", "3", "--against", str(learner))
     assert done.returncode == 1
     out = done.stdout
-    # the first failure's section, whole: header, the test's source, the assertion, where
+    # the first failure's section, whole: header, where, the line, the assertion and its values
     first = out.index("_ test_first _")
-    assert "def test_first():" in out[first:]
-    assert "E       AssertionError: the bug is here" in out[first:]
-    assert "tests/test_ch03_count.py:11: AssertionError" in out[first:]
+    assert out[first:].splitlines()[1:6] == [
+        "tests/test_ch03_count.py:11: in test_first",
+        '    assert count("one two three") == 3, "the bug is here"',
+        "E   AssertionError: the bug is here",
+        "E   assert 13 == 3",
+        "E    +  where 13 = count('one two three')",
+    ]
     # the other failures (about 70,000 characters) and test_first's own prints are cut, marked
     assert len(MARKER.findall(out)) >= 2
     assert len(out) < 25_000
@@ -149,6 +153,93 @@ def test_a_pass_from_the_cache_clears_the_kept_tree_too(book):
     write_files(book, {"tests/test_ch03_count.py": good})
     assert "pass (cached)" in steps(book, "check", "3").stdout
     assert not kept.exists()
+
+
+# --- library frames, folded: the E line near the top ------------------------------------------
+
+DOCSTRING = "".join(f"    line {i:03d} of a library's long docstring\n" for i in range(400))
+LIBRARY = f"""\
+def from_pretrained(name):
+    return _load(name)
+
+
+def _load(name):
+    \"\"\"Load a model.
+
+{DOCSTRING}    \"\"\"
+    raise ValueError("accelerate is required to load " + name)
+"""
+CALLS_LIBRARY = """\
+import sys
+
+sys.path.insert(0, {site!r})
+import longlib
+
+
+def test_loads():
+    longlib.from_pretrained("the model")
+"""
+
+
+def test_a_librarys_frames_are_folded_and_its_error_is_near_the_top(book, tmp_path):
+    site = tmp_path / "lib/python3.11/site-packages"
+    write_files(site, {"longlib.py": LIBRARY})
+    write_files(book, {"tests/test_ch03_count.py": CALLS_LIBRARY.format(site=str(site))})
+    done = steps(book, "check", "3")
+    assert done.returncode == 1
+    out = done.stdout
+    assert "long docstring" not in out and "def _load" not in out
+    section = out[out.index("_ test_loads _") :].splitlines()
+    assert section[1:5] == [
+        "tests/test_ch03_count.py:8: in test_loads",
+        '    longlib.from_pretrained("the model")',
+        "... 2 frames in longlib folded, the last longlib.py:409 in _load",
+        "E   ValueError: accelerate is required to load the model",
+    ]
+    assert len(out) < 3000
+
+
+def test_folding_keeps_the_books_frames_and_names_each_library():
+    report = (
+        "tests/test_x.py:3: in test_x\n"
+        "    engine.load(path)\n"
+        "python/minisgl/engine.py:12: in load\n"
+        "    model = AutoModel.from_pretrained(path)\n"
+        "/v/lib/python3.11/site-packages/transformers/models/auto/auto_factory.py:564: in f\n"
+        "    return model_class.from_pretrained(\n"
+        "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n"
+        "/v/lib/python3.11/site-packages/torch/nn/modules/module.py:9: in g\n"
+        "    raise ValueError(\n"
+        "E   ValueError: accelerate is required\n"
+    )
+    assert fold_library_frames(report) == (
+        "tests/test_x.py:3: in test_x\n"
+        "    engine.load(path)\n"
+        "python/minisgl/engine.py:12: in load\n"
+        "    model = AutoModel.from_pretrained(path)\n"
+        "... 2 frames in transformers, torch folded, the last torch/nn/modules/module.py:9 in g\n"
+        "E   ValueError: accelerate is required\n"
+    )
+
+
+def test_folding_reads_pythons_own_tracebacks_too():
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "/tmp/steps-ch05-x/examples/ch05_kvcache.py", line 3, in <module>\n'
+        "    json.loads(text)\n"
+        '  File "/usr/lib/python3.12/json/__init__.py", line 346, in loads\n'
+        "    return _default_decoder.decode(s)\n"
+        '  File "<frozen importlib._bootstrap>", line 1204, in _gcd_import\n'
+        "json.decoder.JSONDecodeError: Expecting value\n"
+    )
+    assert fold_library_frames(stderr) == (
+        "Traceback (most recent call last):\n"
+        '  File "/tmp/steps-ch05-x/examples/ch05_kvcache.py", line 3, in <module>\n'
+        "    json.loads(text)\n"
+        "  ... 2 frames in json, importlib._bootstrap folded, the last "
+        "importlib._bootstrap:1204 in _gcd_import\n"
+        "json.decoder.JSONDecodeError: Expecting value\n"
+    )
 
 
 # --- skips, counted -------------------------------------------------------------------------
