@@ -291,6 +291,15 @@ def test_the_gpu_budget_is_the_memory_ratio_less_the_weights(monkeypatch):
     assert Engine._used_memory(cpu) == 0 and Engine._kv_budget(cpu, 0) == 256 << 20
 
 
+@pytest.mark.parametrize("cuda, expected", [(False, "cpu"), (True, "cuda")])
+def test_the_auto_device_is_the_gpu_when_there_is_one(monkeypatch, cuda, expected):
+    from minisgl.utils.torch_utils import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert resolve_device("auto") == torch.device(expected)
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
 def test_an_engine_with_every_default_on_a_cpu(tiny_models):
     """All defaults: a row for each request in flight (max_running_req: 64 here, 256 from
     chapter 22 on) of the model's 512 positions, in pages of one token (at most 131,072 pages:
