@@ -4,6 +4,11 @@ The K and V of every token a request has seen go into a pool of fixed-size pages
 row of the page table says where each of its tokens sits (slot = page * page_size + offset), so
 its pages need not be next to each other. The prompt runs once (prefill); every later step runs
 only the newest token (decode), attending over the cache.
+
+The tokens are held against two references. Recomputation runs the whole sequence every step,
+through the same pool and backend on a fresh cache, so it checks the bookkeeping (pages, slots,
+positions) but would make any mistake of storing or reading K and V along with the cache.
+transformers' `generate` on the same checkpoint shares no code with minisgl, so it checks it all.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ import tempfile
 
 import tiny_models
 import torch
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 from transformers.utils import logging
 
 from minisgl.attention import create_attention_backend
@@ -91,5 +96,20 @@ with tempfile.TemporaryDirectory() as tmp:
     print(f"\n{req.cached_len} tokens cached; their slots (page table row 0): {row}")
     print(f"pages used {NUM_PAGES - len(free_pages)}, free {len(free_pages)}")
     print(f"generated {req.output_ids}: {tok.decode(req.output_ids)!r}")
-    again = generate_greedy_recompute(model, prompt, 8)
-    print("the same tokens as recomputing the whole sequence every step:", again == req.output_ids)
+    n = len(req.output_ids)
+    again = generate_greedy_recompute(model, prompt, n)
+    recomputed = sum(len(prompt) + i for i in range(n))  # step i runs the whole sequence again
+    print(
+        f"recomputation ({recomputed} token positions, the cache ran {req.cached_len}) gives the "
+        f"same tokens: {again == req.output_ids}"
+    )
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        ids = torch.tensor([prompt])
+        ref = hf.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+        )
+    print(
+        "transformers' generate on the same checkpoint gives the same tokens:",
+        ref[0, len(prompt) :].tolist() == req.output_ids,
+    )

@@ -47,10 +47,8 @@ k = torch.randn(len(slots), HKV, D, generator=gen)
 v = torch.randn(len(slots), HKV, D, generator=gen)
 store_kv(k_cache, v_cache, slots, k, v)
 written = (k_cache.abs().sum((1, 2)) > 0).sum().item()
-print(
-    f"store_kv: {len(slots)} tokens into {written} of {len(k_cache)} slots, "
-    f"exactly: {torch.equal(k_cache[slots.long()], k)}"
-)
+exact = torch.equal(k_cache[slots.long()], k) and torch.equal(v_cache[slots.long()], v)
+print(f"store_kv: {len(slots)} tokens into {written} of {len(k_cache)} slots, exactly: {exact}")
 
 
 def check(name: str, out: torch.Tensor, ref: torch.Tensor) -> None:

@@ -79,8 +79,15 @@ def test_pool_layout_and_slots():
     k, v = torch.randn(2, 2, 4), torch.randn(2, 2, 4)
     pool.store_kv(k, v, torch.tensor([9, 18]), layer_id=1)
     # slot 9 is page 2, offset 1; slot 18 is page 4, offset 2
-    assert torch.equal(pool.buffer[0, 1, 2, 1], k[0]) and torch.equal(pool.buffer[1, 1, 4, 2], v[1])
-    assert torch.equal(pool.k_cache(1)[18], k[1]) and pool.buffer[:, [0, 2]].abs().sum() == 0
+    for index, (name, stored, read) in enumerate([("K", k, pool.k_cache), ("V", v, pool.v_cache)]):
+        for token, (slot, page, offset) in enumerate([(9, 2, 1), (18, 4, 2)]):
+            where = f"token {token}'s {name} [2, 4] (slot {slot}, layer 1)"
+            assert torch.equal(pool.buffer[index, 1, page, offset], stored[token]), (
+                f"{where} is not at buffer[{index}, 1, {page}, {offset}]: {name} is at index "
+                f"{index} of the buffer's first dimension"
+            )
+            assert torch.equal(read(1)[slot], stored[token]), f"{where}: {name.lower()}_cache(1)"
+    assert pool.buffer[:, [0, 2]].abs().sum() == 0, "store_kv wrote to layers 0 or 2"
     assert pool.bytes_per_page == 2 * 3 * 4 * 2 * 4 * 4
 
 
@@ -102,7 +109,41 @@ def test_attend_equals_the_literal_loop(num_cached):
     q, k, v = torch.randn(9, 4, 8), torch.randn(9, 2, 8), torch.randn(9, 2, 8)
     full = reference_attention(q, k, v)
     ours = attend(q[num_cached:], k, v, num_cached)
-    torch.testing.assert_close(ours, full[num_cached:], atol=1e-5, rtol=1e-5)
+    case = f"q [{9 - num_cached}, 4, 8] over k, v [9, 2, 8], {num_cached} of them cached"
+    torch.testing.assert_close(
+        ours, full[num_cached:], atol=1e-5, rtol=1e-5, msg=lambda m: f"{case}: {m}"
+    )
+
+
+def test_the_backend_attends_over_the_k_and_v_it_stored(tiny_models):
+    """The torch backend stores a request's K and V in scattered slots and reads them back
+    through its page-table row: its output must be `attend` over those K and V themselves."""
+    model = load_model(tiny_models["llama3"])
+    hq, hkv, d = model.config.num_qo_heads, model.config.num_kv_heads, model.config.head_dim
+    ctx = make_context(model, page_size=2, num_pages=8)
+    req = Req(0, list(range(7)), SamplingParams(max_tokens=2), table_idx=0)
+    torch.manual_seed(0)
+    q, k, v = torch.randn(8, hq, d), torch.randn(8, hkv, d), torch.randn(8, hkv, d)
+    pages = [5, 2, 7, 0, 3]
+    for step, start, end in [("prefill", 0, 7), ("decode", 7, 8)]:
+        if step == "decode":
+            req.append(0)
+        give_slots(ctx, req, pages)
+        positions = torch.arange(start, end)
+        batch = Batch(
+            [req],
+            input_ids=torch.zeros(end - start, dtype=torch.long),
+            positions=positions,
+            out_loc=ctx.page_table[0, positions].long(),
+        )
+        with use_global_ctx(ctx), ctx.forward_batch(batch):
+            ctx.attn_backend.prepare_metadata(batch)
+            out = ctx.attn_backend.forward(q[start:end], k[start:end], v[start:end], 1, batch)
+        req.complete_forward()
+        case = f"{step}: q [{end - start}, {hq}, {d}] over the K and V [{end}, {hkv}, {d}] stored"
+        torch.testing.assert_close(
+            out, attend(q[start:end], k[:end], v[:end], start), msg=lambda m: f"{case}: {m}"
+        )
 
 
 @pytest.mark.parametrize("family", DENSE)
@@ -111,10 +152,13 @@ def test_cached_decoding_equals_recompute_and_transformers(tiny_models, family):
     model = load_model(path)
     prompts = [encode(path, p) for p in PROMPTS]
     ref = hf_greedy(path, prompts, 12)
-    for prompt, expected in zip(prompts, ref):
-        assert generate_greedy_recompute(model, prompt, 12) == expected
+    for text, prompt, expected in zip(PROMPTS, prompts, ref):
+        case = f"{family}, prompt {text!r} ({len(prompt)} tokens), 12 new tokens"
+        recomputed = generate_greedy_recompute(model, prompt, 12)
+        assert recomputed == expected, f"{case}: recomputation against transformers"
         pages = [7, 3, 11, 0, 5, 9, 1, 14, 2, 8, 4, 12, 6, 10, 13, 15]  # scattered on purpose
-        assert cached_greedy(model, prompt, 12, page_size=4, pages=list(pages)) == expected
+        cached = cached_greedy(model, prompt, 12, page_size=4, pages=list(pages))
+        assert cached == expected, f"{case}: the cache (pages of 4, scattered) against transformers"
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
