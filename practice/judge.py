@@ -2,6 +2,8 @@
 
     python practice/judge.py ID [FILE]     judge FILE (default: your working copy,
                                            practice/work/ID.py, made from the starter)
+    ID: the exercise's number, 052 or 52, its folder 052_paged_attend, or its chapter when
+        that has one exercise: 17, ch17, ch17_cudagraph (as steps.py names chapters)
     python practice/judge.py --list        every exercise; the solved ones marked
     python practice/judge.py --reference ID   judge the hidden reference solution
 
@@ -185,12 +187,53 @@ def exercises(practice: Path = PRACTICE) -> list[Exercise]:
     return [load(folder) for folder in folders(practice).values()]
 
 
-def find(exercise_id: str, practice: Path = PRACTICE) -> Exercise:
+def find(name: str, practice: Path = PRACTICE) -> Exercise:
+    """The exercise `name` names: its id (`052`, or `52` without the zero), its folder
+    (`052_paged_attend`) or slug (`paged_attend`); or a chapter that has just one exercise,
+    named as `steps.py` names chapters (`5`, `05`, `ch05`, `ch05_kvcache`)."""
     known = folders(practice)
-    if exercise_id not in known:
-        listed = ", ".join(known) or "none yet"
-        raise ExerciseError(f"no exercise {exercise_id!r} (exercises: {listed})")
-    return load(known[exercise_id])
+    exercise = _exercise_named(name, known)
+    chapter = _chapter_named(name, practice.parent / "chapters")
+    in_chapter = [i for i in known if chapter is not None and int(i[:2]) == chapter]
+    if exercise is not None and chapter is not None and in_chapter:
+        raise ExerciseError(
+            f"{name!r} names exercise {exercise} and chapter {chapter} (exercises "
+            f"{', '.join(in_chapter)}): write {exercise} for the exercise, ch{chapter:02d} for "
+            "the chapter"
+        )
+    if exercise is not None:
+        return load(known[exercise])
+    if len(in_chapter) == 1:
+        return load(known[in_chapter[0]])
+    if in_chapter:
+        raise ExerciseError(
+            f"chapter {chapter} has {len(in_chapter)} exercises, {', '.join(in_chapter)}: "
+            f"name one, e.g. judge.py {in_chapter[0]}"
+        )
+    listed = ", ".join(known) or "none yet"
+    raise ExerciseError(f"no exercise {name!r} (exercises: {listed})")
+
+
+def _exercise_named(name: str, known: dict[str, Path]) -> str | None:
+    """The id of the exercise whose id, number, folder or slug `name` is."""
+    if name.isdigit() and f"{int(name):03d}" in known:
+        return f"{int(name):03d}"
+    for exercise_id, folder in known.items():
+        if name in (folder.name, folder.name.removeprefix(f"{exercise_id}_")):
+            return exercise_id
+    return None
+
+
+def _chapter_named(name: str, chapters: Path) -> int | None:
+    """The chapter `name` names as steps.py does (`5`, `05`, `ch5`, `ch05`) or by its folder
+    (`ch05_kvcache`, checked against `chapters/` where the book has one); three digits are an
+    exercise's id, never a chapter."""
+    if re.fullmatch(r"\d{1,2}|ch\d+", name):
+        return int(name.removeprefix("ch"))
+    named = re.fullmatch(r"ch(\d+)_[a-z0-9_]+", name)
+    if named and (not chapters.is_dir() or (chapters / name).is_dir()):
+        return int(named.group(1))
+    return None
 
 
 # --- judging ----------------------------------------------------------------------------------

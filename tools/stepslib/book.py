@@ -343,15 +343,17 @@ def _expect(value: Any, kind: type, what: str, line: int) -> Any:
 
 
 def parse_selection(book: Book, text: str | None) -> list[Chapter]:
-    """`20`, `ch20`, `3-7`, `ch03-ch07` and commas joining them; None means every chapter."""
+    """`20`, `ch20`, `ch20_moe` (a chapter's folder name), `3-7`, `ch03-ch07` and commas joining
+    them; None means every chapter."""
     if text is None:
         return list(book.chapters)
     numbers: set[int] = set()
+    names = {c.name for c in book.chapters}
     for part in text.split(","):
         ends = [e.strip() for e in part.split("-")]
-        if len(ends) > 2 or not all(re.fullmatch(r"(?:ch)?\d+", e) for e in ends):
+        if len(ends) > 2 or not all(re.fullmatch(r"(?:ch)?\d+", e) or e in names for e in ends):
             raise BookError(
-                f"not a chapter or a range: {part!r} (write 20, ch20, 3-7 or ch03-ch07)"
+                f"not a chapter or a range: {part!r} (write 20, ch20, ch20_moe, 3-7 or ch03-ch07)"
             )
         first, last = (_chapter_number(book, e) for e in (ends[0], ends[-1]))
         if first > last:
@@ -361,6 +363,10 @@ def parse_selection(book: Book, text: str | None) -> list[Chapter]:
 
 
 def _chapter_number(book: Book, text: str) -> int:
+    """The number of the chapter `text` names: `20`, `ch20` or `ch20_moe`."""
+    for chapter in book.chapters:
+        if chapter.name == text:
+            return chapter.number
     number = int(text.removeprefix("ch"))
     if all(c.number != number for c in book.chapters):
         known = ", ".join(c.id for c in book.chapters) or "none"

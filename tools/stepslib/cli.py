@@ -34,7 +34,8 @@ The tree at chapter N holds:
   - the book-wide support files listed under steps.yaml's `support` (test helpers, tiny-model
     makers, pyproject.toml), the same in every tree. They may import the package's modules
     only inside functions.
-A chapter is named 20 or ch20; a range 3-7 or ch03-ch07 is inclusive; commas join several.
+A chapter is named 20, ch20 or by its folder's name, ch20_moe; a range 3-7 or ch03-ch07 is
+inclusive; commas join several.
 Exit status: 0 when everything checked passed (skips are listed), 1 when something failed,
 2 for bad input or usage.
 """

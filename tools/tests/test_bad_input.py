@@ -148,6 +148,7 @@ def test_a_package_file_no_chapter_adds(book, unchanged):
     [
         (("tree", "9"), "no chapter 9 in the book (chapters: ch01, ch02, ch03)"),
         (("tree", "chapter-two"), "not a chapter or a range"),
+        (("tree", "ch02_greet"), "not a chapter or a range: 'ch02_greet'"),  # ch02 is shout
         (("check", "3-1"), "the range '3-1' runs backwards"),
         (("check", "1,7"), "no chapter 7"),
         (("tree", "1-3"), "name one chapter"),

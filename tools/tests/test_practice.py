@@ -315,6 +315,73 @@ def test_bad_input_is_one_line_and_status_2(practice: Path, args: list[str], mes
     assert (done.returncode, done.stdout, done.stderr) == (2, "", message + "\n")
 
 
+# --- naming an exercise: its id, or its chapter as steps.py names chapters ----------------------
+
+
+@pytest.mark.parametrize(
+    "name, found",
+    [
+        ("052", "052"),
+        ("52", "052"),  # the id without its leading zero
+        ("052_paged_attend", "052"),
+        ("paged_attend", "052"),
+        ("17", "171"),  # chapter 17 has one exercise
+        ("ch17", "171"),
+        ("ch17_cudagraph", "171"),
+        ("20", "203"),
+        ("ch20_moe", "203"),
+    ],
+)
+def test_an_exercise_is_found_by_any_of_its_names(name: str, found: str) -> None:
+    assert judge.find(name).id == found
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("5", "chapter 5 has 2 exercises, 051, 052: name one, e.g. judge.py 051"),
+        ("ch05_kvcache", "chapter 5 has 2 exercises, 051, 052: name one, e.g. judge.py 051"),
+        (
+            "11",
+            "'11' names exercise 011 and chapter 11 (exercises 111, 112): write 011 for the "
+            "exercise, ch11 for the chapter",
+        ),
+        ("ch17_graphs", "no exercise 'ch17_graphs'"),  # chapter 17's folder is ch17_cudagraph
+        ("017", "no exercise '017'"),  # three digits are an exercise's id, never a chapter
+        ("ch99", "no exercise 'ch99'"),
+    ],
+)
+def test_a_name_that_is_not_one_exercise_says_why(name: str, message: str) -> None:
+    with pytest.raises(judge.ExerciseError) as raised:
+        judge.find(name)
+    assert str(raised.value).startswith(message)
+
+
+def test_every_form_steps_py_accepts_for_a_chapter_finds_its_exercises() -> None:
+    from stepslib.book import load_book, parse_selection
+
+    book = load_book(REPO)
+    known = judge.folders()
+    for chapter in book.chapters:
+        n = chapter.number
+        ids = [i for i in known if int(i[:2]) == n]
+        for form in (str(n), f"{n:02d}", f"ch{n}", chapter.id, chapter.name):
+            assert parse_selection(book, form) == [chapter], form
+            if not ids or (form.isdigit() and f"{int(form):03d}" in known):
+                continue  # no exercise, or also an exercise's id (011 for 11): both said above
+            if len(ids) == 1:
+                assert judge.find(form).id == ids[0], form
+            else:
+                with pytest.raises(judge.ExerciseError, match=f"chapter {n} has {len(ids)}"):
+                    judge.find(form)
+
+
+def test_the_command_line_judges_an_exercise_named_by_its_chapter(practice: Path) -> None:
+    done = _judge(practice, "--reference", "ch17")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[0].startswith("judging practice/171_graph_padding/reference.py")
+
+
 # --- what steps.py check asks of an exercise --------------------------------------------------
 
 

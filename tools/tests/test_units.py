@@ -15,7 +15,8 @@ def test_selection_forms(book):
     loaded = load_book(book)
     ids = lambda text: [c.id for c in parse_selection(loaded, text)]  # noqa: E731
     assert ids(None) == ["ch01", "ch02", "ch03"]
-    assert ids("2") == ids("ch02") == ids("ch2") == ["ch02"]
+    assert ids("2") == ids("02") == ids("ch02") == ids("ch2") == ids("ch02_shout") == ["ch02"]
+    assert ids("ch01_greet-3") == ["ch01", "ch02", "ch03"]
     assert ids("1-2") == ids("ch01-ch02") == ["ch01", "ch02"]
     assert ids("3,1") == ["ch01", "ch03"]
     assert ids("1-3,2") == ["ch01", "ch02", "ch03"]
