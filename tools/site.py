@@ -179,12 +179,23 @@ def site_sections(page: str) -> str:
 
 
 def zoomable_figures(page: str) -> str:
-    """Each figure a link to its own SVG: site.js opens it at its drawn size, where its
-    smallest text is readable; without script the link opens the file."""
+    """Each figure a link to its own SVG: site.js opens it in a viewer, fitted to the window's
+    width up to its drawn size (where its smallest text is readable), with zoom buttons; without
+    script the link opens the file."""
     return FIGURE.sub(r'[![\1](\2)](\2){.figure-zoom title="Click to enlarge"}', page)
 
 
+def numbered_title(page: str, chapter: Chapter) -> str:
+    """The page's h1 numbered as the navigation and the window's title number it ("5. The
+    paged KV cache")."""
+    first, _, rest = page.partition("\n")
+    if not first.startswith("# "):
+        raise BookError("a chapter page starts with its `# title`", f"{chapter.folder}/README.md")
+    return f"# {chapter.number}. {first[2:]}\n{rest}"
+
+
 def chapter_page(page: str, chapter: Chapter, exercises: list, repository: str | None) -> str:
+    page = numbered_title(page, chapter)
     page = page.replace("<details>", '<details markdown="1">')  # their answers are markdown
     page = zoomable_figures(site_sections(page))
     section = exercises_section(exercises)
@@ -407,7 +418,7 @@ def build(root: Path, out: Path) -> int:
     if done.returncode == 0:
         print(
             f"wrote the site to {out} (open {out / 'index.html'}, or serve it: "
-            f"python -m http.server -d {out})"
+            f"python -m http.server --bind 127.0.0.1 -d {out})"
         )
     return done.returncode
 

@@ -6,7 +6,11 @@ judges them locally; that the editor keeps the learner's code across a reload; a
 page, that it reads well offline: no request leaves 127.0.0.1, no console error, no code block
 scrolls sideways at 1280 or 1920 px, every figure's smallest text is at least 9 px once
 enlarged, the two kinds of exercises have headings of their own, chapters link to the previous
-and the next, and the home page numbers the chapters through the stages. Screenshots go to
+and the next, a chapter's h1 and window title are numbered as the navigation numbers it, and the
+home page numbers the chapters through the stages. On a phone (390 x 844): nothing scrolls the
+page sideways, code and prints keep their lines and scroll in their box, a wide table or listing
+shades the side where more is hidden, figures fit the page, and a figure opens fitted to the
+screen, zooms and closes (its button, Escape, a tap beside it). Screenshots go to
 build/screenshots/ (CI keeps them).
 
 The chapter is the latest one with a browser exercise, or SITE_TEST_CHAPTER (e.g. ch17) and
@@ -409,6 +413,150 @@ def test_every_figure_enlarges_to_readable_text(tab, name: str) -> None:
         page.keyboard.press("Escape")
         page.locator("dialog.figure-dialog[open]").wait_for(state="detached")
     assert tab.errors == []
+
+
+# --- on a phone ---------------------------------------------------------------------------------
+
+PHONE = {"width": 390, "height": 844}
+TABLES = "ch22_fused"  # tables wider than a phone
+FIGURE_PAGE = "ch21_fast_moe"  # its first figure is the widest the book draws
+
+# What a phone shows of the page: how wide it is, and for each code block, print and figure
+# what overflows it or how it is laid out.
+ON_A_PHONE = """() => {
+  const style = (e) => getComputedStyle(e);
+  const boxes = [...document.querySelectorAll("article pre > code, article pre.practice-output")];
+  const lines = [...document.querySelectorAll("article pre > code > span[id^='__span-']")];
+  const figures = [...document.querySelectorAll("article img, article svg")];
+  return {
+    page: document.scrollingElement.scrollWidth,
+    width: innerWidth,
+    boxes: boxes.map((b) => [style(b).whiteSpace, style(b).overflowX]),
+    wrapped: lines.filter((line) => {
+      const range = document.createRange();
+      range.selectNodeContents(line);
+      const tops = [...range.getClientRects()].filter((r) => r.width > 0).map((r) => r.top);
+      return new Set(tops.map(Math.round)).size > 1;
+    }).map((line) => line.textContent.slice(0, 60)),
+    wide: figures.filter((f) => f.getBoundingClientRect().right > innerWidth + 0.5)
+      .map((f) => f.getAttribute("src") || f.outerHTML.slice(0, 60)),
+  };
+}"""
+
+
+@pytest.mark.parametrize("name", ["index.html", *(f"{c}.html" for c in CHAPTERS), "practice.html"])
+def test_on_a_phone_code_and_prints_scroll_in_their_box_and_figures_fit(tab, name: str) -> None:
+    page = tab.visit(name)
+    page.set_viewport_size(PHONE)
+    seen = page.evaluate(ON_A_PHONE)
+    assert seen["page"] <= seen["width"], f"the page scrolls sideways ({seen['page']} px)"
+    bad = [box for box in seen["boxes"] if box[0] != "pre" or box[1] not in ("auto", "scroll")]
+    assert bad == [], "code or prints that wrap, or do not scroll in their box"
+    assert seen["wrapped"] == [], "code lines that wrap on a phone"
+    assert seen["wide"] == [], "figures wider than the phone"
+    if name in ("index.html", f"{TABLES}.html", f"{FIGURE_PAGE}.html"):  # for a person to look at
+        page.screenshot(path=str(SHOTS / f"site_{name.removesuffix('.html')}_phone.png"))
+
+
+def _edges(box) -> tuple[float, float]:
+    """The mean brightness of the box's leftmost and rightmost 2 px, as shown."""
+    import io
+
+    from PIL import Image, ImageStat
+
+    image = Image.open(io.BytesIO(box.screenshot())).convert("L")
+    width, height = image.size
+    left = ImageStat.Stat(image.crop((0, 0, 2, height))).mean[0]
+    right = ImageStat.Stat(image.crop((width - 2, 0, width, height))).mean[0]
+    return left, right
+
+
+def _shows_it_scrolls(page, box, name: str) -> None:
+    """`box` scrolls sideways, not the page, and shades the side where more is hidden."""
+    assert box.evaluate("b => b.scrollWidth > b.clientWidth"), f"no wide {name} to look at"
+    box.scroll_into_view_if_needed()
+    box.evaluate("b => { b.scrollLeft = 0; }")
+    left, right = _edges(box)
+    assert right < left - 30, f"a wide {name} does not show that it scrolls ({left}, {right})"
+    box.screenshot(path=str(SHOTS / f"site_phone_{name}.png"))
+    box.evaluate("b => { b.scrollLeft = b.scrollWidth; }")
+    assert box.evaluate("b => b.scrollLeft > 0") and page.evaluate("scrollX") == 0
+    left, right = _edges(box)
+    assert left < right - 30, f"a wide {name} scrolled to its end shades the wrong side"
+    box.screenshot(path=str(SHOTS / f"site_phone_{name}_scrolled.png"))
+
+
+WIDEST = """boxes => boxes.map((b) => b.scrollWidth - b.clientWidth)
+  .reduce((best, hidden, i, all) => hidden > all[best] ? i : best, 0)"""  # the most hidden
+
+
+def test_on_a_phone_a_wide_table_or_listing_scrolls_in_its_box_and_shows_it(tab) -> None:
+    page = tab.visit(f"{TABLES}.html")
+    page.set_viewport_size(PHONE)
+    tables = page.locator("article .md-typeset__scrollwrap")
+    _shows_it_scrolls(page, tables.nth(tables.evaluate_all(WIDEST)), "table")
+    code = page.locator("article pre > code")
+    _shows_it_scrolls(page, code.nth(code.evaluate_all(WIDEST)), "listing")
+    assert tab.errors == []
+
+
+FITS = """img => { const r = img.getBoundingClientRect();
+  return r.left >= 0 && r.top >= 0 && r.right <= innerWidth && r.bottom <= innerHeight; }"""
+
+
+def test_on_a_phone_a_figure_opens_fitted_zooms_and_closes(tab) -> None:
+    page = tab.visit(f"{FIGURE_PAGE}.html")
+    page.set_viewport_size(PHONE)
+    dialog = page.locator("dialog.figure-dialog")
+    image = dialog.locator("img")
+
+    def open_figure() -> None:
+        page.locator("article a.figure-zoom").first.click()
+        page.wait_for_function(
+            "img => img.complete && img.naturalWidth > 0", arg=image.element_handle()
+        )
+        assert image.evaluate(FITS), "the figure opens larger than the screen"
+
+    def width() -> float:
+        return image.evaluate("img => img.getBoundingClientRect().width")
+
+    open_figure()
+    page.screenshot(path=str(SHOTS / "site_phone_figure_open.png"))
+    fitted = width()
+    assert fitted == pytest.approx(PHONE["width"], abs=1)  # drawn wider, fitted to the width
+    zoom_in, zoom_out = (page.get_by_role("button", name=n) for n in ("Zoom in", "Zoom out"))
+    zoom_in.click()
+    zoom_in.click()
+    assert width() == pytest.approx(fitted * 1.5**2, rel=0.01)
+    assert dialog.evaluate("d => d.querySelector('.figure-view').scrollLeft > 0")  # its middle
+    page.screenshot(path=str(SHOTS / "site_phone_figure_zoomed.png"))
+    zoom_out.click()
+    zoom_out.click()
+    zoom_out.click()  # no smaller than fitted
+    assert width() == pytest.approx(fitted, abs=1)
+    page.get_by_role("button", name="Close").click()
+    assert not dialog.evaluate("d => d.open")
+    open_figure()
+    page.keyboard.press("Escape")
+    assert not dialog.evaluate("d => d.open")
+    open_figure()
+    page.mouse.click(PHONE["width"] / 2, PHONE["height"] - 10)  # beside the figure
+    assert not dialog.evaluate("d => d.open")
+    assert tab.errors == []
+
+
+# --- the titles -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_a_chapter_title_is_numbered_as_the_navigation_numbers_it(tab, name: str) -> None:
+    chapter = BOOK.chapters[CHAPTERS.index(name)]
+    numbered = f"{chapter.number}. {chapter.title}"
+    page = tab.visit(f"{name}.html")
+    assert page.locator("article h1").inner_text().strip() == numbered
+    assert page.title() == f"{numbered} - {BOOK.title}"
+    nav = page.locator(f"nav.md-nav--primary a.md-nav__link[href='{name}.html']").first
+    assert nav.inner_text().strip() == numbered
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
