@@ -90,11 +90,29 @@ def make_real_model(directory: str | Path) -> Path:
     model.load_state_dict(loaded.state_dict(), assign=True)
     model.tie_weights()  # the LM head is the embedding itself, saved once
     model.generation_config.eos_token_id = tokenizer.eos_token_id  # <|im_end|> ends a reply
+    save_checkpoint(model, tokenizer, path)
+    _check_tokenizer(path, tokenizer)
+    return path
+
+
+def save_checkpoint(model, tokenizer, path: Path) -> None:
+    """The model and its tokenizer as a Hugging Face checkpoint directory at ``path``, whose
+    files anyone may read, as any file the user writes (0644 under the usual umask)."""
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     _name_the_tokenizer_class(path)
-    _check_tokenizer(path, tokenizer)
-    return path
+    _usual_permissions(path)
+
+
+def _usual_permissions(path: Path) -> None:
+    """The modes ``open`` and ``mkdir`` give, 0666 and 0777 less the umask: safetensors writes
+    the weights 0600 (through a private temporary file) and ``tempfile.mkdtemp`` makes 0700."""
+    umask = os.umask(0)  # read by setting it: there is no other way to read it
+    os.umask(umask)
+    path.chmod(0o777 & ~umask)
+    for file in path.iterdir():
+        if file.is_file():
+            file.chmod(0o666 & ~umask)
 
 
 def _name_the_tokenizer_class(path: Path) -> None:

@@ -5,7 +5,9 @@ LLM goes on serving."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -218,6 +220,29 @@ def _hf_reply(path, prompt_ids, n):
         ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
     )
     return out[0, ids.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_a_saved_checkpoint_has_the_modes_of_any_file_the_user_writes(tiny_models, tmp_path, umask):
+    """real_model.py saves through transformers and safetensors, which writes the weights 0600,
+    into a folder that tempfile.mkdtemp made 0700: both end as open and mkdir make them."""
+    import tempfile
+
+    import real_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["llama3"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_models["llama3"])
+    old = os.umask(umask)
+    try:
+        path = Path(tempfile.mkdtemp(dir=tmp_path))
+        real_model.save_checkpoint(model, tokenizer, path)
+    finally:
+        os.umask(old)
+    modes = {f.name: oct(f.stat().st_mode & 0o777) for f in path.iterdir()}
+    assert modes["model.safetensors"] == oct(0o666 & ~umask)
+    assert set(modes.values()) == {oct(0o666 & ~umask)}, modes
+    assert oct(path.stat().st_mode & 0o777) == oct(0o777 & ~umask)
 
 
 def test_a_real_model_replies_as_transformers(real_model):
