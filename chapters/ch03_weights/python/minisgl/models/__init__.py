@@ -13,11 +13,11 @@ from typing import Iterator, List, Sequence
 
 import torch
 
-from minisgl.utils.hf import read_hf_config, resolve_model_dir
+from minisgl.utils.hf import check_model_dir, read_hf_config
 
 from .base import BaseLLMModel
 from .config import ModelConfig
-from .register import get_model_class
+from .register import MODELS, get_model_class
 from .weight import load_weights
 
 
@@ -42,7 +42,8 @@ def load_model(
 ) -> BaseLLMModel:
     """Read config.json, build the model in the checkpoint's dtype (or ``dtype``) on ``device``,
     and fill it from the checkpoint's safetensors."""
-    model_dir = resolve_model_dir(path)
+    # a wrong path, model or checkpoint fails here, before anything is loaded
+    model_dir = check_model_dir(path, MODELS.names())
     config = ModelConfig.from_dict(read_hf_config(model_dir))
     with torch.device(device), _default_dtype(dtype or config.dtype):
         model = create_model(config)  # every torch.empty now has this dtype and device
