@@ -3,8 +3,9 @@ API key, the Prometheus metrics, the frontend's end of the queues to the tokeniz
 uvicorn's server with a bounded shutdown.
 
 A request's path: the route checks it and makes its ``SamplingParams``; ``Frontend.generate``
-sends a ``TokenizeMsg`` and yields the ``UserReply`` pieces the detokenizer sends back, which the
-route returns whole (JSON) or one by one (server-sent events, ending with ``data: [DONE]``).
+sends a ``TokenizeMsg`` and yields the ``UserReply`` pieces the detokenizer sends back, for each
+of the request's ``n`` choices, which the route returns whole (JSON) or one by one (server-sent
+events, ending with ``data: [DONE]``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs
+from .choices import Choice, Piece, Stretch, rendered_logprobs
 
 if TYPE_CHECKING:
     from .launch import SchedulerStats
@@ -138,36 +140,45 @@ class _Sampling(BaseModel):
     response_format: Dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    n: StrictInt = 1  # choices
+    # penalties and bias: OpenAI's, and SGLang's and vLLM's repetition_penalty
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = 1.0
+    logit_bias: Dict[str, float] | None = None  # token id (a string in JSON) -> bias
 
 
 class CompletionRequest(_Sampling):
     prompt: str | List[StrictInt]  # text, or token ids
     max_tokens: StrictInt | None = 16  # OpenAI's default for completions
+    logprobs: StrictInt | None = None  # k: each token's and its k most likely (0: none)
+    echo: bool = False  # the prompt first, its log-probabilities too with logprobs
 
 
 class ChatRequest(_Sampling):
     messages: List[Dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None  # the newer name of max_tokens
+    logprobs: bool | None = False
+    top_logprobs: StrictInt | None = None  # with logprobs: k alternatives a token
 
 
 UNSUPPORTED: Dict[str, tuple] = {  # parameter -> the values that ask for nothing
-    "n": (None, 1),
     "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
 }
 
 
-def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
-    """The request's ``SamplingParams``; an APIError naming the parameter it cannot honour."""
+def sampling_params(
+    req: _Sampling,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """The request's ``SamplingParams``, with the log-probabilities its endpoint asks for; an
+    APIError naming the parameter it cannot honour."""
     for name, value in (req.model_extra or {}).items():
         if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
             raise APIError(400, f"{name}={value!r} is not supported by this server", param=name)
@@ -183,9 +194,29 @@ def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
             ignore_eos=req.ignore_eos,
             seed=req.seed,
             **constraint,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            n=req.n,
+            presence_penalty=_or(req.presence_penalty, 0.0),
+            frequency_penalty=_or(req.frequency_penalty, 0.0),
+            repetition_penalty=_or(req.repetition_penalty, 1.0),
+            logit_bias=req.logit_bias,
         )
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split()[0]) from None
+
+
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value  # a client may send null for "no penalty"
+
+
+def chat_top_logprobs(req: ChatRequest) -> int | None:
+    """What the chat request asks: None (no log-probabilities), or k alternatives a token."""
+    if not req.logprobs:
+        if req.top_logprobs:  # OpenAI: top_logprobs needs logprobs
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return None
+    return req.top_logprobs or 0
 
 
 def constraint_fields(req: _Sampling) -> Dict[str, str]:
@@ -367,16 +398,19 @@ class Frontend:
         text: str | Sequence[int] | List[Dict[str, Any]],
         params: SamplingParams,
         stop: List[str],
+        echo: bool = False,
     ) -> AsyncIterator[UserReply]:
-        """One request's reply pieces, the last one ``finished``. An APIError if the request is
-        refused (400) or a worker dies (503). Left early (the client went away), it aborts the
-        request, so the scheduler frees its pages."""
+        """One request's reply pieces, each naming its choice (``index``), until every one of
+        the ``n`` choices has had its ``finished`` piece. An APIError if the request is refused
+        (400) or a worker dies (503). Left early (the client went away), it aborts the request,
+        so the scheduler frees its pages."""
         self._check_alive()
         uid, queue, timing = next(self._uids), asyncio.Queue(), Timing()
         self._waiting[uid] = queue
+        running = params.n
         finished = False
         try:
-            await self._send.put(TokenizeMsg(uid, text, params, stop))
+            await self._send.put(TokenizeMsg(uid, text, params, stop, echo))
             while not finished:
                 reply = await queue.get()
                 if reply is None:
@@ -384,7 +418,8 @@ class Frontend:
                 assert reply is not None
                 if reply.error:
                     raise APIError(400, reply.error)
-                finished = reply.finished
+                running -= reply.finished
+                finished = running == 0
                 self._time(timing, reply)
                 yield reply
         finally:
@@ -423,55 +458,73 @@ class Frontend:
 # ---------------------------------------------------------------- replies
 @dataclass
 class ReplyFormat:
-    """How one endpoint writes its replies: a text completion, or a chat message."""
+    """How one endpoint writes its replies: a text completion, or a chat message, for each of
+    ``n`` choices; with or without log-probabilities, echo (completions), or the output."""
 
     chat: bool
     model: str
+    n: int = 1
+    logprobs: bool = False  # the request asked for log-probabilities
+    echo: bool = False  # completions: each choice starts with the prompt
+    drop_output: bool = False  # max_tokens 0: the prompt alone, scored
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def _envelope(self, obj: str, choice: Dict[str, Any]) -> Dict[str, Any]:
+    def choices(self) -> List[Choice]:
+        return [Choice(i, self.echo, self.drop_output) for i in range(self.n)]
+
+    def _envelope(self, obj: str, choices: List[Dict[str, Any]]) -> Dict[str, Any]:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
         return {
             "id": prefix + self.id,
             "object": obj,
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, **choice}],
+            "choices": choices,
         }
 
-    def whole(self, text: str, finish_reason: str, usage: Dict[str, int]) -> Dict[str, Any]:
-        choice = (
-            {"message": {"role": "assistant", "content": text}}
-            if self.chat
-            else {"text": text, "logprobs": None}
-        )
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(obj, {**choice, "finish_reason": finish_reason}), "usage": usage}
+    def _logprobs(self, stretches: List[Stretch]) -> Dict[str, Any] | None:
+        return rendered_logprobs(stretches, self.chat) if self.logprobs else None
 
-    def chunk(
-        self, piece: str | None, finish_reason: str | None, role: bool = False
-    ) -> Dict[str, Any]:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else {"content": piece}
-            return self._envelope(
-                "chat.completion.chunk",
-                {"delta": delta if piece or role else {}, "finish_reason": finish_reason},
-            )
-        return self._envelope(
-            "text_completion",
-            {"text": piece or "", "logprobs": None, "finish_reason": finish_reason},
+    def whole(self, choices: List[Choice], usage: Dict[str, int]) -> Dict[str, Any]:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._envelope(obj, [self._whole(c) for c in choices]), "usage": usage}
+
+    def _whole(self, c: Choice) -> Dict[str, Any]:
+        shown = (
+            {"message": {"role": "assistant", "content": c.text}} if self.chat else {"text": c.text}
         )
+        return {
+            "index": c.index,
+            **shown,
+            "logprobs": self._logprobs(c.stretches),
+            "finish_reason": c.finish_reason,
+        }
+
+    def chunk(self, index: int, piece: Piece | None, finish_reason: str | None) -> Dict[str, Any]:
+        """A chunk of one choice; ``piece`` None: a chat choice's first, naming the role."""
+        text, stretches = (piece.text, piece.stretches) if piece is not None else ("", [])
+        choice: Dict[str, Any] = {"index": index}
+        if self.chat:
+            delta = {"role": "assistant", "content": ""} if piece is None else {"content": text}
+            choice["delta"] = delta if text or piece is None else {}
+            obj = "chat.completion.chunk"
+        else:
+            choice["text"], obj = text, "text_completion"
+        choice["logprobs"] = self._logprobs(stretches)
+        choice["finish_reason"] = finish_reason
+        return self._envelope(obj, [choice])
 
     def usage_chunk(self, usage: Dict[str, int]) -> Dict[str, Any]:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(obj, {}), "choices": [], "usage": usage}
+        return {**self._envelope(obj, []), "usage": usage}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
-    """``completion_tokens`` is the number of token ids the reply's pieces carry: every token
-    generated, EOS included, or after a stop string the tokens up to and including the one
-    whose text completed it (the detokenizer's rule), streamed or not, whatever the timing."""
+    """``completion_tokens`` is the number of token ids the reply's pieces carry, over every
+    choice (the prompt counts once): every token generated, EOS included, or after a stop string
+    the tokens up to and including the one whose text completed it (the detokenizer's rule),
+    streamed or not, whatever the timing."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -486,39 +539,47 @@ def _sse(data: Any) -> str:
 async def stream_events(
     first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat, include_usage: bool
 ) -> AsyncIterator[str]:
-    """The reply as server-sent events: a chunk per non-empty piece, the finish reason on the
-    last, then ``data: [DONE]``. A worker dying mid-stream ends it with an error event."""
+    """The reply as server-sent events: a chunk per non-empty piece of a choice, the finish
+    reason on its last, then ``data: [DONE]`` once every choice has finished. A worker dying
+    mid-stream ends it with an error event."""
     async with aclosing(replies):
         if fmt.chat:
-            yield _sse(fmt.chunk(None, None, role=True))
-        reply, completion_tokens = first, 0
+            for index in range(fmt.n):
+                yield _sse(fmt.chunk(index, None, None))
+        choices, reply, running = fmt.choices(), first, fmt.n
         try:
             while True:
-                completion_tokens += len(reply.token_ids)
-                if reply.incremental_output or reply.finished:
-                    yield _sse(fmt.chunk(reply.incremental_output, reply.finish_reason or None))
-                if reply.finished:
+                choice = choices[reply.index]
+                piece = choice.add(reply)
+                if piece.text or piece.stretches or reply.finished:
+                    reason = choice.finish_reason if reply.finished else None
+                    yield _sse(fmt.chunk(choice.index, piece, reason))
+                running -= reply.finished
+                if running == 0:
                     break
                 reply = await anext(replies)
         except APIError as e:
             yield _sse(e.body())
             return
         if include_usage:
-            yield _sse(fmt.usage_chunk(_usage(first.num_prompt_tokens, completion_tokens)))
+            tokens = sum(c.num_tokens for c in choices)
+            yield _sse(fmt.usage_chunk(_usage(first.num_prompt_tokens, tokens)))
         yield "data: [DONE]\n\n"
 
 
 async def whole_reply(
     first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat
 ) -> Dict[str, Any]:
-    pieces, reply = [first], first
+    choices, reply, running = fmt.choices(), first, fmt.n
     async with aclosing(replies):
-        while not reply.finished:
+        while True:
+            choices[reply.index].add(reply)
+            running -= reply.finished
+            if running == 0:
+                break
             reply = await anext(replies)
-            pieces.append(reply)
-    text = "".join(p.incremental_output for p in pieces)
-    completion_tokens = sum(len(p.token_ids) for p in pieces)
-    return fmt.whole(text, reply.finish_reason, _usage(first.num_prompt_tokens, completion_tokens))
+    tokens = sum(c.num_tokens for c in choices)
+    return fmt.whole(choices, _usage(first.num_prompt_tokens, tokens))
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -610,20 +671,23 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request) -> Any:
         if req.prompt == "" or req.prompt == []:
             raise APIError(400, "prompt is empty", param="prompt")
-        params = sampling_params(req, req.max_tokens)
-        replies = frontend.generate(req.prompt, params, stop_strings(req.stop))
-        return await respond(
-            request, replies, ReplyFormat(False, model), req.stream, _include_usage(req)
-        )
+        # max_tokens 0 scores the prompt: one token is drawn, as ever, and not shown
+        scoring = req.max_tokens == 0
+        prompt_logprobs = req.logprobs if req.echo else None
+        max_tokens = 1 if scoring else req.max_tokens
+        params = sampling_params(req, max_tokens, req.logprobs, prompt_logprobs)
+        replies = frontend.generate(req.prompt, params, stop_strings(req.stop), req.echo)
+        fmt = ReplyFormat(False, model, req.n, req.logprobs is not None, req.echo, scoring)
+        return await respond(request, replies, fmt, req.stream, _include_usage(req))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
         limit = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
-        params = sampling_params(req, limit)
+        top = chat_top_logprobs(req)
+        params = sampling_params(req, limit, top)
         replies = frontend.generate(req.messages, params, stop_strings(req.stop))
-        return await respond(
-            request, replies, ReplyFormat(True, model), req.stream, _include_usage(req)
-        )
+        fmt = ReplyFormat(True, model, req.n, top is not None)
+        return await respond(request, replies, fmt, req.stream, _include_usage(req))
 
     return app
 
