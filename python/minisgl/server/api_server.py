@@ -16,7 +16,7 @@ import secrets
 import time
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Sequence, Tuple
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException
 
 from minisgl.core import SamplingParams
+from minisgl.function_call import ToolCallFormat
 from minisgl.message import (
     AbortMsg,
     BaseFrontendMsg,
@@ -45,7 +46,17 @@ from minisgl.message import (
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
-from .args import ServerArgs
+from .args import ServerArgs, served_model_name
+from .protocol import (
+    RequestError,
+    check_model,
+    has_tool_turns,
+    max_model_len,
+    messages_of,
+    model_card,
+    prompts_of,
+)
+from .tool_calls import ChatChoice, ToolRequest, ToolTemplates, tools_of
 
 if TYPE_CHECKING:
     from .launch import SchedulerStats
@@ -63,9 +74,11 @@ class APIError(Exception):
         message: str,
         kind: str = "invalid_request_error",
         param: str | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.code = code  # OpenAI's error code ("model_not_found"); None: the status
 
     def body(self) -> Dict[str, Any]:
         return {
@@ -73,7 +86,7 @@ class APIError(Exception):
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
-                "code": self.status,
+                "code": self.status if self.code is None else self.code,
             }
         }
 
@@ -98,6 +111,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(RequestError)
+    async def refused(_: Request, exc: RequestError) -> JSONResponse:
+        return APIError(exc.status, str(exc), param=exc.param, code=exc.code).response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -141,13 +158,15 @@ class _Sampling(BaseModel):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | List[StrictInt]  # text, or token ids
+    prompt: Any  # text, token ids, or a batch of either: prompts_of reads it
     max_tokens: StrictInt | None = 16  # OpenAI's default for completions
 
 
 class ChatRequest(_Sampling):
     messages: List[Dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None  # the newer name of max_tokens
+    tools: Any = None  # checked by tools_of
+    tool_choice: Any = None
 
 
 UNSUPPORTED: Dict[str, tuple] = {  # parameter -> the values that ask for nothing
@@ -423,55 +442,81 @@ class Frontend:
 # ---------------------------------------------------------------- replies
 @dataclass
 class ReplyFormat:
-    """How one endpoint writes its replies: a text completion, or a chat message."""
+    """How one endpoint writes its replies: text completions, or chat messages (with tools, the
+    calls their text holds). A reply has a choice per stream, ``index`` in request order."""
 
     chat: bool
     model: str
+    tools: ToolRequest | None = None
+    tool_format: ToolCallFormat | None = None
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def _envelope(self, obj: str, choice: Dict[str, Any]) -> Dict[str, Any]:
+    def choice(self) -> ChatChoice:
+        return ChatChoice(self.tools, self.tool_format)
+
+    def _envelope(self, obj: str, choices: List[Dict[str, Any]]) -> Dict[str, Any]:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
         return {
             "id": prefix + self.id,
             "object": obj,
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, **choice}],
+            "choices": choices,
         }
 
-    def whole(self, text: str, finish_reason: str, usage: Dict[str, int]) -> Dict[str, Any]:
-        choice = (
-            {"message": {"role": "assistant", "content": text}}
-            if self.chat
-            else {"text": text, "logprobs": None}
-        )
+    def whole(self, texts: List[str], reasons: List[str], usage: Dict[str, int]) -> Dict[str, Any]:
+        choices = []
+        for index, (text, reason) in enumerate(zip(texts, reasons)):
+            if self.chat:
+                choice = self.choice()
+                body = {"message": choice.message(text)}
+                reason = choice.finish_reason(reason)
+            else:
+                body = {"text": text, "logprobs": None}
+            choices.append({"index": index, **body, "finish_reason": reason})
         obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(obj, {**choice, "finish_reason": finish_reason}), "usage": usage}
+        return {**self._envelope(obj, choices), "usage": usage}
 
-    def chunk(
-        self, piece: str | None, finish_reason: str | None, role: bool = False
-    ) -> Dict[str, Any]:
-        if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else {"content": piece}
-            return self._envelope(
-                "chat.completion.chunk",
-                {"delta": delta if piece or role else {}, "finish_reason": finish_reason},
+    def chunks(self, index: int, choice: ChatChoice, reply: UserReply) -> List[Dict[str, Any]]:
+        """One reply piece of choice ``index`` as chunks; the last one carries the finish reason.
+        Chat: a piece may give no delta (text held: it may begin a call), or several."""
+        reason = reply.finish_reason or None
+        if not self.chat:
+            if not (reply.incremental_output or reply.finished):
+                return []
+            text = {"text": reply.incremental_output, "logprobs": None}
+            return [self._chunk({"index": index, **text, "finish_reason": reason})]
+        deltas = choice.deltas(reply.incremental_output)
+        if reply.finished:
+            deltas += choice.finish()
+            reason = choice.finish_reason(reply.finish_reason)
+        if reply.finished and not deltas:
+            deltas = [{}]
+        last = len(deltas) - 1
+        return [
+            self._chunk(
+                {"index": index, "delta": d, "finish_reason": reason if i == last else None}
             )
-        return self._envelope(
-            "text_completion",
-            {"text": piece or "", "logprobs": None, "finish_reason": finish_reason},
-        )
+            for i, d in enumerate(deltas)
+        ]
+
+    def role_chunk(self, index: int) -> Dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        return self._chunk({"index": index, "delta": delta, "finish_reason": None})
+
+    def _chunk(self, choice: Dict[str, Any]) -> Dict[str, Any]:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def usage_chunk(self, usage: Dict[str, int]) -> Dict[str, Any]:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(obj, {}), "choices": [], "usage": usage}
+        return {**self._chunk({}), "choices": [], "usage": usage}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
     """``completion_tokens`` is the number of token ids the reply's pieces carry: every token
     generated, EOS included, or after a stop string the tokens up to and including the one
-    whose text completed it (the detokenizer's rule), streamed or not, whatever the timing."""
+    whose text completed it (the detokenizer's rule), streamed or not, whatever the timing.
+    A batch's usage is the sum over its choices."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -479,46 +524,130 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
     }
 
 
-def _sse(data: Any) -> str:
+def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
-async def stream_events(
-    first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat, include_usage: bool
-) -> AsyncIterator[str]:
-    """The reply as server-sent events: a chunk per non-empty piece, the finish reason on the
-    last, then ``data: [DONE]``. A worker dying mid-stream ends it with an error event."""
-    async with aclosing(replies):
-        if fmt.chat:
-            yield _sse(fmt.chunk(None, None, role=True))
-        reply, completion_tokens = first, 0
-        try:
-            while True:
-                completion_tokens += len(reply.token_ids)
-                if reply.incremental_output or reply.finished:
-                    yield _sse(fmt.chunk(reply.incremental_output, reply.finish_reason or None))
-                if reply.finished:
-                    break
+async def all_of(coros: Sequence[Any]) -> List[Any]:
+    """``asyncio.gather``, except that when one fails (a refused prompt) or the whole is
+    cancelled (the client left), the others are cancelled and waited for: their requests are
+    aborted now, not when they would have finished."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def first_pieces(streams: Sequence[AsyncIterator[UserReply]]) -> List[UserReply]:
+    """Every choice's first piece; if one is refused, every stream is closed (and aborted)."""
+    try:
+        return await all_of([anext(s) for s in streams])
+    except BaseException:
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def merged(
+    firsts: Sequence[UserReply], streams: Sequence[AsyncIterator[UserReply]]
+) -> AsyncIterator[Tuple[int, UserReply]]:
+    """Every choice's pieces as they come, with the choice's index. One choice is read in place;
+    several by a task each, so that none waits for another. Left early, each is closed."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as replies:  # type: ignore[type-var]
+            reply = firsts[0]
+            yield 0, reply
+            while not reply.finished:
                 reply = await anext(replies)
+                yield 0, reply
+        return
+    queue: asyncio.Queue[Tuple[int, UserReply | APIError]] = asyncio.Queue()
+    tasks = [
+        asyncio.ensure_future(_pump(i, f, s, queue))
+        for i, (f, s) in enumerate(zip(firsts, streams))
+    ]
+    try:
+        live = len(tasks)
+        while live:
+            index, item = await queue.get()
+            if isinstance(item, APIError):
+                raise item
+            live -= item.finished
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()  # no await: we may be cancelled; each task closes its stream
+
+
+async def _pump(
+    index: int,
+    reply: UserReply,
+    replies: AsyncIterator[UserReply],
+    queue: asyncio.Queue[Tuple[int, UserReply | APIError]],
+) -> None:
+    try:
+        queue.put_nowait((index, reply))
+        while not reply.finished:
+            reply = await anext(replies)
+            queue.put_nowait((index, reply))
+    except APIError as e:
+        queue.put_nowait((index, e))
+    finally:
+        await replies.aclose()  # type: ignore[attr-defined]
+
+
+async def stream_events(
+    firsts: List[UserReply],
+    streams: Sequence[AsyncIterator[UserReply]],
+    fmt: ReplyFormat,
+    include_usage: bool,
+) -> AsyncIterator[str]:
+    """The reply as server-sent events: chunks of each choice as its pieces come, the finish
+    reason on a choice's last, then ``data: [DONE]``. A worker dying mid-stream ends it with an
+    error event."""
+    choices = [fmt.choice() for _ in streams]
+    if fmt.chat:
+        for index in range(len(streams)):
+            yield sse(fmt.role_chunk(index))
+    completion_tokens = 0
+    pieces = merged(firsts, streams)
+    async with aclosing(pieces):  # type: ignore[type-var]
+        try:
+            async for index, reply in pieces:
+                completion_tokens += len(reply.token_ids)
+                for chunk in fmt.chunks(index, choices[index], reply):
+                    yield sse(chunk)
         except APIError as e:
-            yield _sse(e.body())
+            yield sse(e.body())
             return
-        if include_usage:
-            yield _sse(fmt.usage_chunk(_usage(first.num_prompt_tokens, completion_tokens)))
-        yield "data: [DONE]\n\n"
+    if include_usage:
+        prompt_tokens = sum(f.num_prompt_tokens for f in firsts)
+        yield sse(fmt.usage_chunk(_usage(prompt_tokens, completion_tokens)))
+    yield "data: [DONE]\n\n"
+
+
+async def all_pieces(replies: AsyncIterator[UserReply]) -> List[UserReply]:
+    """One choice's pieces, to its last."""
+    async with aclosing(replies):  # type: ignore[type-var]
+        pieces = [await anext(replies)]
+        while not pieces[-1].finished:
+            pieces.append(await anext(replies))
+    return pieces
 
 
 async def whole_reply(
-    first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat
+    streams: Sequence[AsyncIterator[UserReply]], fmt: ReplyFormat
 ) -> Dict[str, Any]:
-    pieces, reply = [first], first
-    async with aclosing(replies):
-        while not reply.finished:
-            reply = await anext(replies)
-            pieces.append(reply)
-    text = "".join(p.incremental_output for p in pieces)
-    completion_tokens = sum(len(p.token_ids) for p in pieces)
-    return fmt.whole(text, reply.finish_reason, _usage(first.num_prompt_tokens, completion_tokens))
+    choices = await all_of([all_pieces(s) for s in streams])
+    texts = ["".join(p.incremental_output for p in pieces) for pieces in choices]
+    reasons = [pieces[-1].finish_reason for pieces in choices]
+    prompt_tokens = sum(pieces[0].num_prompt_tokens for pieces in choices)
+    completion_tokens = sum(len(p.token_ids) for pieces in choices for p in pieces)
+    return fmt.whole(texts, reasons, _usage(prompt_tokens, completion_tokens))
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -554,24 +683,24 @@ class ClosingStreamingResponse(StreamingResponse):
 
 async def respond(
     request: Request,
-    replies: AsyncIterator[UserReply],
+    streams: Sequence[AsyncIterator[UserReply]],
     fmt: ReplyFormat,
     stream: bool,
     include_usage: bool,
 ) -> Any:
-    """The first piece is awaited before any byte is sent, so a refused request still gets
-    its 400 status, streamed or not."""
+    """The first piece of every choice is awaited before any byte is sent, so a refused request
+    still gets its 400 status, streamed or not."""
 
     async def whole() -> JSONResponse:
-        return JSONResponse(await whole_reply(await anext(replies), replies, fmt))
+        return JSONResponse(await whole_reply(streams, fmt))
 
     if not stream:
         return await unless_disconnected(request, whole())
-    first = await unless_disconnected(request, anext(replies))
-    if isinstance(first, Response):
-        return first
+    firsts = await unless_disconnected(request, first_pieces(streams))
+    if isinstance(firsts, Response):
+        return firsts
     return ClosingStreamingResponse(
-        stream_events(first, replies, fmt, include_usage), media_type="text/event-stream"
+        stream_events(firsts, streams, fmt, include_usage), media_type="text/event-stream"
     )
 
 
@@ -587,7 +716,9 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
     install_error_handlers(app)
     if args.api_key is not None:
         require_api_key(app, args.api_key)
-    model = args.model_path
+    name = served_model_name(args)
+    served = [name, args.model_path]  # clients that name the path are served too
+    templates = ToolTemplates(args.model_path, args.tool_call_parser)
 
     @app.get("/health")
     async def health() -> Response:
@@ -599,32 +730,48 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
     async def metrics() -> Response:
         return Response(frontend.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def card() -> Dict[str, Any]:
+        return model_card(name, args.model_path, max_model_len(args, frontend.metrics.stats))
+
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": model, "object": "model", "created": 0, "owned_by": "minisgl"}],
-        }
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str) -> Dict[str, Any]:
+        check_model(model_id, served)
+        return card()
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        if req.prompt == "" or req.prompt == []:
-            raise APIError(400, "prompt is empty", param="prompt")
+        check_model(req.model, served)
+        prompts = prompts_of(req.prompt)
         params = sampling_params(req, req.max_tokens)
-        replies = frontend.generate(req.prompt, params, stop_strings(req.stop))
+        stop = stop_strings(req.stop)
+        streams = [frontend.generate(p, params, stop) for p in prompts]  # a choice each
         return await respond(
-            request, replies, ReplyFormat(False, model), req.stream, _include_usage(req)
+            request, streams, ReplyFormat(False, name), req.stream, _include_usage(req)
         )
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
+        check_model(req.model, served)
+        tools = tools_of(req.tools, req.tool_choice)
+        messages = messages_of(req.messages)
         limit = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
         params = sampling_params(req, limit)
-        replies = frontend.generate(req.messages, params, stop_strings(req.stop))
+        prompt: Any = messages  # the tokenizer worker applies the chat template
+        fmt = None
+        if tools is not None or has_tool_turns(messages):  # the template, here, with tools
+            prompt, params, fmt = await templates.prompt(messages, tools, params)
+        replies = frontend.generate(prompt, params, stop_strings(req.stop))
         return await respond(
-            request, replies, ReplyFormat(True, model), req.stream, _include_usage(req)
+            request, [replies], ReplyFormat(True, name, tools, fmt), req.stream, _include_usage(req)
         )
 
+    from .native import install_native_routes  # here: native.py builds on this module
+
+    install_native_routes(app, frontend)
     return app
 
 
