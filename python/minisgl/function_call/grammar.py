@@ -5,6 +5,7 @@ given functions, with arguments valid under that function's JSON schema."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Dict, Sequence
 
 from .formats import ToolCallFormat
@@ -32,13 +33,14 @@ def tool_call_grammar(fmt: ToolCallFormat, functions: Sequence[Function]) -> str
     A ValueError (xgrammar's message) if a function's schema cannot be compiled."""
     import xgrammar as xgr
 
-    try:
-        calls = [
-            xgr.Grammar.from_json_schema(json.dumps(call_schema(fmt, f)), any_whitespace=False)
-            for f in functions
-        ]
-    except (RuntimeError, ValueError) as e:  # xgrammar's errors for a schema it cannot read
-        raise ValueError(f"a function's parameters are not a JSON schema xgrammar takes: {e}")
+    calls = []
+    for f in functions:
+        try:
+            schema = json.dumps(call_schema(fmt, f))
+            calls.append(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+        except (RuntimeError, ValueError) as e:  # xgrammar's errors for a schema it cannot read
+            message = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e).strip())  # its time, its line
+            raise ValueError(f"{f['name']}'s parameters cannot be compiled: {message}") from None
     call = calls[0] if len(calls) == 1 else xgr.Grammar.union(*calls)
     parts = [xgr.Grammar.from_ebnf(f"root ::= {json.dumps(text)}") for text in (fmt.begin, fmt.end)]
     if fmt.begin or fmt.end:
