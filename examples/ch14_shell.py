@@ -35,8 +35,13 @@ LONG_LINE = "Tell me a very long story"  # the second shell's, stopped by Ctrl-C
 
 
 def shell_settings(max_tokens: int) -> dict[str, str]:
-    """The shells' sampling, as ``MINISGL_SHELL_*`` variables: greedy, ``max_tokens`` a reply."""
-    return {"MINISGL_SHELL_TEMPERATURE": "0", "MINISGL_SHELL_MAX_TOKENS": str(max_tokens)}
+    """The shells' settings, as ``MINISGL_SHELL_*`` variables: greedy, ``max_tokens`` a reply, and
+    no timing line after a reply (its speeds would change the prints from run to run)."""
+    return {
+        "MINISGL_SHELL_TEMPERATURE": "0",
+        "MINISGL_SHELL_MAX_TOKENS": str(max_tokens),
+        "MINISGL_SHELL_TIMING": "0",
+    }
 
 
 def start_shell(model: Path, tmp: str, max_tokens: int) -> pexpect.spawn:
@@ -104,7 +109,7 @@ def main() -> None:
         sockets = Path(tmp, "sockets")
         sockets.mkdir()
         shell = start_shell(model, str(sockets), MAX_TOKENS)
-        banner = wait_prompt(shell).split("\r\n")[1]  # the first line has paths and pids
+        banner = wait_prompt(shell).split("\r\n")[1]  # the first: paths, pids, load time
         print(f"(the shell starts: {banner})\n")
 
         turns = [{"role": "user", "content": QUESTION}]

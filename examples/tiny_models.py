@@ -1,7 +1,8 @@
 """Tiny random-weight Hugging Face models, made locally so that nothing is downloaded.
 
 Each model is a directory like one from the Hub: ``config.json``, ``model.safetensors``,
-``generation_config.json`` and tokenizer files that ``transformers.AutoTokenizer`` loads. The
+``generation_config.json`` and tokenizer files that ``transformers.AutoTokenizer`` loads, and
+``random_weights.txt``, which says that the weights are random (the shell's banner reads it). The
 tokenizer is a BPE trained with ``tokenizers`` on the small text below, over printable ASCII
 only, so that every token id decodes to readable text. Weights come from a fixed seed, so the
 same call makes the same model on every machine.
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+RANDOM_WEIGHTS_FILE = "random_weights.txt"  # nothing else in a model's files tells it apart
 VOCAB_SIZE = 450  # 4 special tokens, 96 characters, 350 merges: each word of TEXT is a token
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 UNK_TOKEN = "<unk>"
@@ -306,6 +308,10 @@ def make_tiny_model(name: str, directory: str | Path) -> Path:
     tok_config = json.loads(config_file.read_text())
     tok_config["tokenizer_class"] = "PreTrainedTokenizerFast"
     config_file.write_text(json.dumps(tok_config, indent=2) + "\n")
+    (path / RANDOM_WEIGHTS_FILE).write_text(
+        f"The weights of this model ({name}, examples/tiny_models.py) are random: "
+        "it writes random text.\n"
+    )
     _check_tokenizer(path, tokenizer, MULTIBYTE_TEXT if byte_level else "")
     _check_expert_layout(path)
     return path

@@ -65,7 +65,8 @@ def _free_port() -> int:
 
 
 class Server:
-    """``python -m minisgl`` in a subprocess, its stderr in a file."""
+    """``python -m minisgl`` in a subprocess, its stderr in a file, with faulthandler on: a
+    server that does not stop is made to write every thread's stack there (``stop``)."""
 
     def __init__(
         self, model: Path, log: Path, *flags: str, env: dict | None = None, wait: bool = True
@@ -74,6 +75,8 @@ class Server:
         self.port, self.log = _free_port(), log
         cmd = [
             sys.executable,
+            "-X",
+            "faulthandler",
             "-m",
             "minisgl",
             "--model",
@@ -123,9 +126,23 @@ class Server:
         return int(re.search(rf"{name} \(pid (\d+)\)", self.log.read_text())[1])
 
     def stop(self) -> int:
+        """SIGTERM, then the exit status. A server still running ``WAIT`` s later gets SIGABRT,
+        on which faulthandler writes each thread's stack to the log; its workers are killed and
+        the test fails with the log's end, which shows where the shutdown hung."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=WAIT)
+        try:
+            return self.proc.wait(timeout=WAIT)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=WAIT)
+            for name in ("scheduler", "tokenizer"):
+                with contextlib.suppress(ProcessLookupError, TypeError):
+                    os.kill(self.worker_pid(name), signal.SIGKILL)
+            raise AssertionError(
+                f"the server was still running {WAIT:g} s after SIGTERM; its log ends:\n"
+                + self.log.read_text()[-8000:]
+            ) from None
 
 
 def test_the_command_line_takes_upstreams_flag_names():

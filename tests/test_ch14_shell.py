@@ -3,9 +3,10 @@ pseudo-terminal (pexpect), on the tiny byte-level model, its replies checked aga
 API on the chat template. Each shell loads the model in two processes, so three serve the
 module: one with short replies (its last test leaves it with Ctrl-D), one whose replies only the
 context cuts (Ctrl-C, then a scheduler killed under it), one with the shell's defaults (long
-turns until the context is full, then /exit). Then the same long turns through the server's
-chat endpoint. Every wait is on the terminal's output (pexpect), bounded generously for a
-loaded machine."""
+turns until the context is full, then /exit), one on a copy of the model that does not say its
+weights are random, with ``--threads 2``. Then the same long turns through the server's chat
+endpoint, and model paths that cannot be served, through the command line and ``LLM``. Every
+wait is on the terminal's output (pexpect), bounded generously for a loaded machine."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ import pytest
 for _package in ("zmq", "msgpack", "fastapi", "uvicorn", "prompt_toolkit", "pexpect"):
     pytest.importorskip(_package)
 
+import json
 import os
 import re
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -43,26 +47,41 @@ TRIMMED = re.compile(
     r"\((\d+) earlier turns? left out, to leave (\d+) of the context's (\d+) "
     r"tokens for the reply\)\r\n"
 )
+TIMING = re.compile(r"\((\d+) tokens?(?:, ([\d.]+) tokens/s)?; the first after (\d+) ms\)")
+LOADING = re.compile(
+    r"minisgl shell: loading (.+) \((\w+), (\d+) MB of weights\)\.\.\.(?: \d+ s\.\.\.)* "
+    r"ready in [\d.]+ s; workers: scheduler \(pid \d+\), tokenizer \(pid \d+\)"
+)
 
 
 class ShellProcess:
     """``python -m minisgl --shell`` in a pseudo-terminal; its socket directory under ``tmp``.
-    ``max_tokens=None``: the shell's own default reply length."""
+    ``max_tokens=None``: the shell's own default reply length; ``flags``: more options;
+    ``environ``: variables that replace the workers' defaults."""
 
-    def __init__(self, model: Path, tmp: Path, max_tokens: int | None = MAX_TOKENS):
+    def __init__(
+        self,
+        model: Path,
+        tmp: Path,
+        max_tokens: int | None = MAX_TOKENS,
+        flags: tuple = (),
+        environ: dict | None = None,
+    ):
         self.tmp = tmp
+        self.timing: re.Match | None = None  # the timing line of the last reply
         env = {
             **_worker_env(tmp),
             "TERM": "dumb",
             "PROMPT_TOOLKIT_NO_CPR": "1",
             "MINISGL_SHELL_TEMPERATURE": "0",
+            **(environ or {}),
         }
         env.pop("MINISGL_SHELL_MAX_TOKENS", None)
         if max_tokens is not None:
             env["MINISGL_SHELL_MAX_TOKENS"] = str(max_tokens)
         self.child = pexpect.spawn(
             sys.executable,
-            ["-m", "minisgl", "--model", str(model), "--shell", *FLAGS],
+            ["-m", "minisgl", "--model", str(model), "--shell", *FLAGS, *flags],
             env=env,
             timeout=WAIT_S,
             encoding="utf-8",
@@ -81,13 +100,20 @@ class ShellProcess:
         return self.child.before
 
     def say(self, line: str) -> str:
-        """The reply to one line: what the shell printed after the echoed line."""
+        """The reply to one line: what the shell printed after the echoed line, less a chat
+        reply's timing line."""
         self.child.sendline(line)
         out = self.wait_prompt()
         echo, _, reply = out.partition("\r\r\n")  # the dumb terminal echoes the line so
         assert echo == line, out
         assert reply.endswith("\r\n"), out
-        return reply[:-2].replace("\r\n", "\n")
+        return self.without_timing(reply[:-2].replace("\r\n", "\n"))
+
+    def without_timing(self, printed: str) -> str:
+        """``printed`` less its last line if that is a reply's timing (kept in ``timing``)."""
+        reply, _, last = printed.rpartition("\n")
+        self.timing = TIMING.fullmatch(last)
+        return reply if self.timing else printed
 
     def stats(self) -> dict:
         """The scheduler's numbers, as /stats prints them."""
@@ -209,8 +235,38 @@ def test_up_arrow_brings_back_an_earlier_line(shell, llm):
     shell.say("/stats")
     shell.child.send("\x1b[A\x1b[A\r")  # up twice: "Hello there" again, a second turn
     reply = shell.wait_prompt().partition("\r\r\n")[2][:-2].replace("\r\n", "\n")
+    reply = shell.without_timing(reply)
     history = [_user("Hello there"), _assistant(first), _user("Hello there")]
     assert reply == _offline(llm, history)
+
+
+def test_the_banner_says_what_loaded_and_that_its_weights_are_random(shell, model):
+    """The first line, begun before the workers start, says what loads and ends once they are
+    ready; the tiny model's directory says that its weights are random, and so does the shell."""
+    from minisgl.shell import HELP, RANDOM_WEIGHTS
+
+    first, *rest = shell.banner.split("\r\n")
+    loading = LOADING.fullmatch(first)
+    assert loading, first
+    megabytes = f"{(model / 'model.safetensors').stat().st_size / 1e6:.0f}"
+    assert loading.groups() == (str(model), "Qwen2ForCausalLM", megabytes)
+    assert rest[:2] == [HELP, RANDOM_WEIGHTS]  # then prompt_toolkit's escape sequences
+
+
+def test_each_reply_ends_with_its_speed(shell, llm):
+    """After a reply: its tokens (as many as the offline API makes), tokens per second and the
+    time to the first token. A command gets no such line."""
+    shell.say("/reset")
+    reply = shell.say("What is the weather today?")
+    ids = tokenize_request(llm.tokenizer, messages=[_user("What is the weather today?")])
+    offline = llm.generate([ids], SamplingParams(max_tokens=MAX_TOKENS))[0]
+    assert reply == offline["text"]
+    assert shell.timing, reply
+    tokens, per_second, first = shell.timing.groups()
+    assert int(tokens) == len(offline["token_ids"]) > 1
+    assert float(per_second) > 0 and int(first) >= 0  # a tiny model's prefill: 0 ms or so
+    shell.say("/stats")
+    assert shell.timing is None
 
 
 def test_ctrl_d_leaves_with_status_0_and_nothing_behind(shell):
@@ -307,7 +363,8 @@ def test_long_turns_on_the_shells_defaults_trim_the_history_and_never_end_it(mod
                 trims.append(dropped)
             reply = printed[match.end() if match else 0 :]
             assert reply.endswith("\r\n") and "Traceback" not in printed, printed
-            reply = reply[:-2].replace("\r\n", "\n")
+            reply = sh.without_timing(reply[:-2].replace("\r\n", "\n"))
+            assert sh.timing, printed  # every finished reply ends with its timing line
             assert reply, printed  # the greedy reply runs on: no EOS at once
             kept = history[2 * dropped :] + [_user(line)]
             # the fewest turns left out that leave room for a whole reply
@@ -463,11 +520,12 @@ def _shell_after_three_turns(new_line: int) -> str:
     import io
 
     from minisgl.core import SamplingParams
+    from minisgl.message import UserReply
     from minisgl.shell import Shell
 
     class Client:
         def stream(self, messages: list, params: SamplingParams):
-            yield "ok"
+            yield UserReply(0, "ok", True, token_ids=[7])
 
     def count(messages: list) -> int:
         return sum(len(m["content"]) for m in messages)
@@ -485,3 +543,248 @@ def test_the_turns_left_out_are_counted_in_words():
     note = "left out, to leave 20 of the context's 100 tokens for the reply)\n"
     assert f"(1 earlier turn {note}" in _shell_after_three_turns(50)
     assert f"(2 earlier turns {note}" in _shell_after_three_turns(60)
+
+
+def test_the_timing_line_counts_the_tokens_after_the_first(monkeypatch):
+    """Decode speed: the tokens after the first over the time after the first (a clock that
+    reads 0 when the request is sent, 0.5 at the first token, 1.5 at the fifth)."""
+    from minisgl.message import UserReply
+    from minisgl.shell import ReplyTiming
+
+    clock = iter([0.5, 1.0, 1.5])
+    monkeypatch.setattr("minisgl.shell.time.monotonic", lambda: next(clock))
+    timing = ReplyTiming(sent=0.0)
+    for ids in ([1], [2, 3], [4, 5]):
+        timing.add(UserReply(0, "x", False, token_ids=ids))
+    assert timing.line() == "(5 tokens, 4.0 tokens/s; the first after 500 ms)"
+    one = ReplyTiming(sent=0.0, first=0.25, last=0.25, tokens=1)
+    assert one.line() == "(1 token; the first after 250 ms)"
+
+
+def test_minisgl_shell_timing_0_leaves_the_timing_line_out(monkeypatch):
+    """A session whose prints must not vary (the chapter's main) turns the line off."""
+    import io
+
+    from minisgl.core import SamplingParams
+    from minisgl.message import UserReply
+    from minisgl.shell import Shell, shell_timing
+
+    class Client:
+        def stream(self, messages: list, params: SamplingParams):
+            yield UserReply(0, "hi", False, token_ids=[1])
+            yield UserReply(0, "!", True, token_ids=[2])
+
+    def printed(timing: bool) -> str:
+        out = io.StringIO()
+        shell = Shell(Client(), SamplingParams(), _IdleStats(), len, CONTEXT, out, timing)
+        shell.handle("hello")
+        return out.getvalue()
+
+    assert printed(False) == "hi!\n"
+    assert TIMING.fullmatch(printed(True).split("\n")[1]), printed(True)
+    monkeypatch.setenv("MINISGL_SHELL_TIMING", "0")
+    assert not shell_timing()
+    monkeypatch.delenv("MINISGL_SHELL_TIMING")
+    assert shell_timing()
+
+
+def test_the_loading_line_ticks_while_the_workers_load_and_a_failure_ends_it():
+    import io
+    import time
+
+    from minisgl.shell import loading_line
+
+    out = io.StringIO()
+    with loading_line("MODEL", out, every_s=0.05) as elapsed:
+        time.sleep(0.3)
+    assert elapsed() >= 0.3
+    assert re.fullmatch(r"minisgl shell: loading MODEL\.\.\.(?: 0 s\.\.\.)+", out.getvalue())
+    out = io.StringIO()
+    with pytest.raises(TimeoutError), loading_line("MODEL", out):
+        raise TimeoutError("not ready")
+    assert out.getvalue() == "minisgl shell: loading MODEL...\n"  # the error's line is its own
+
+
+def test_threads_is_a_positive_count():
+    from minisgl.server.args import parse_args
+
+    assert parse_args(["--model", "/m", "--threads", "3"]).threads == 3
+    assert parse_args(["--model", "/m"]).threads is None
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "/m", "--threads", "0"])
+
+
+def test_the_default_threads_are_the_cores_left_idle(monkeypatch):
+    """No ``--threads``: OMP_NUM_THREADS if set, else torch's cores less the whole part of the
+    1-minute load average, at least one; ``--threads`` wins over both."""
+    from minisgl.server import launch
+    from minisgl.server.args import parse_args
+
+    args = parse_args(["--model", "/m"])
+    monkeypatch.setattr(launch.torch, "get_num_threads", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for load, threads in ((0.6, 4), (1.4, 3), (2.9, 2), (9.0, 1)):
+        monkeypatch.setattr(launch.os, "getloadavg", lambda load=load: (load, 0.0, 0.0))
+        assert launch.engine_threads(args) == threads, load
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")  # the user's own choice: the load is not read
+    assert launch.engine_threads(args) == 4
+    assert launch.engine_threads(parse_args(["--model", "/m", "--threads", "2"])) == 2
+
+
+# ---------------------------------------------------------------- a model that says nothing
+@pytest.fixture(scope="module")
+def plain_shell(model, tmp_path_factory):
+    """A shell on a copy of the tiny model without its ``random_weights.txt`` (as a trained
+    checkpoint has none), started with ``--threads 2``."""
+    from minisgl.shell import RANDOM_WEIGHTS_FILE
+
+    copy = tmp_path_factory.mktemp("plain") / "model"
+    shutil.copytree(model, copy, ignore=shutil.ignore_patterns(RANDOM_WEIGHTS_FILE))
+    sh = ShellProcess(
+        copy,
+        tmp_path_factory.mktemp("shell"),
+        flags=("--threads", "2"),
+        environ={"OMP_NUM_THREADS": "3"},  # neither worker may keep the shell's own
+    )
+    yield sh
+    sh.child.terminate(force=True)
+
+
+def test_a_model_that_does_not_say_its_weights_are_random_gets_no_such_line(plain_shell):
+    from minisgl.shell import HELP
+
+    first, *rest = plain_shell.banner.split("\r\n")
+    assert LOADING.fullmatch(first), first
+    assert rest[0] == HELP and "random" not in plain_shell.banner
+
+
+def test_threads_go_to_the_scheduler_and_one_to_the_tokenizer(plain_shell):
+    """``--threads 2``: torch in the scheduler process starts with OMP_NUM_THREADS=2, in the
+    tokenizer worker with 1 (the shell's own environment says 3)."""
+    pids = dict(re.findall(r"(\w+) \(pid (\d+)\)", plain_shell.banner))
+    assert _environ(pids["scheduler"])["OMP_NUM_THREADS"] == "2"
+    assert _environ(pids["tokenizer"])["OMP_NUM_THREADS"] == "1"
+    assert plain_shell.say("Hello there")  # the scheduler runs with them
+    assert plain_shell.timing
+    plain_shell.child.sendline("/exit")
+    assert plain_shell.expect_exit() == 0
+
+
+def _environ(pid: str) -> dict:
+    """A process's environment as it started (Linux's /proc)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace")
+    return dict(item.split("=", 1) for item in raw.split("\0") if "=" in item)
+
+
+# ---------------------------------------------------------------- model paths not served
+MAKE = "python examples/real_model.py"
+KNOWN = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, " + (
+    "Qwen3MoeForCausalLM"
+)
+
+
+@pytest.fixture(scope="module")
+def bad_models(model, tmp_path_factory) -> dict:
+    """Paths that cannot be served, each with the one line that says so."""
+    from safetensors.torch import load_file
+
+    root = tmp_path_factory.mktemp("bad")
+    missing, file, empty = root / "nowhere", root / "file.txt", root / "empty"
+    file.write_text("x")
+    empty.mkdir()
+    gpt2, pickled, bare = (
+        shutil.copytree(model, root / name) for name in ("gpt2", "pickled", "bare")
+    )
+    config = json.loads((gpt2 / "config.json").read_text())
+    (gpt2 / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
+    torch.save(load_file(pickled / "model.safetensors"), pickled / "pytorch_model.bin")
+    (pickled / "model.safetensors").unlink()
+    (bare / "model.safetensors").unlink()
+    convert = (
+        f"from transformers import AutoModelForCausalLM as M; "
+        f"M.from_pretrained('{pickled}').save_pretrained('{pickled}')"
+    )
+    return {
+        "missing": (
+            missing,
+            f"model path '{missing}' does not exist; to make a model there: {MAKE} {missing}",
+        ),
+        "file": (file, f"model path '{file}' is not a directory; to make one: {MAKE} DIR"),
+        "empty": (
+            empty,
+            f"model directory '{empty}' has no config.json: not a Hugging Face model directory; "
+            f"to make a model there: {MAKE} {empty}",
+        ),
+        "gpt2": (
+            gpt2,
+            f"model directory '{gpt2}': unknown model architecture 'GPT2LMHeadModel'; known: "
+            f"{KNOWN}; to make a model of one: {MAKE} DIR",
+        ),
+        "pickled": (
+            pickled,
+            f"model directory '{pickled}' has no *.safetensors files: pytorch_model.bin is in "
+            f"torch.save's format, which minisgl does not read; to convert it to safetensors: "
+            f'python -c "{convert}"',
+        ),
+        "bare": (
+            bare,
+            f"model directory '{bare}' has no *.safetensors files: no weights; to make a model "
+            f"there: {MAKE} {bare}",
+        ),
+    }
+
+
+def _command_line(bad_models: dict, case: str, *flags: str) -> tuple:
+    """``python -m minisgl --model PATH *flags`` on a bad path, in a pseudo-terminal: what it
+    printed, as lines, and its exit status."""
+    path, _ = bad_models[case]
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "minisgl", "--model", str(path), *flags, *FLAGS],
+        env=_worker_env(path.parent),
+        timeout=WAIT_S,
+        encoding="utf-8",
+    )
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.before.splitlines(), child.exitstatus
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "empty", "gpt2", "pickled", "bare"])
+def test_a_path_the_shell_cannot_serve_is_one_line_and_status_1(bad_models, case):
+    """Before any worker starts: one line that names the path and the command that fixes it."""
+    lines, status = _command_line(bad_models, case, "--shell")
+    assert lines == [f"minisgl: {bad_models[case][1]}"]
+    assert status == 1
+
+
+def test_the_server_says_the_same_line(bad_models):
+    for case in ("missing", "pickled"):
+        assert _command_line(bad_models, case) == ([f"minisgl: {bad_models[case][1]}"], 1)
+
+
+@pytest.mark.parametrize("case", ["missing", "file", "empty", "gpt2", "pickled", "bare"])
+def test_llm_raises_the_same_message(bad_models, case):
+    path, message = bad_models[case]
+    with pytest.raises((OSError, ValueError)) as refused:
+        LLM(str(path), **OPTIONS)
+    assert str(refused.value) == message
+
+
+def test_the_command_in_the_line_converts_a_pickled_checkpoint(bad_models, llm, tmp_path):
+    """The conversion the line names, run as printed on a copy of the pickled checkpoint: the
+    copy then loads, and answers as the model it was made from."""
+    from minisgl.models.register import MODELS
+    from minisgl.utils.hf import check_model_dir
+
+    path = shutil.copytree(bad_models["pickled"][0], tmp_path / "pickled")
+    with pytest.raises(FileNotFoundError) as refused:
+        check_model_dir(path, MODELS.names())
+    command = str(refused.value).split('python -c "', 1)[1][:-1]
+    subprocess.run([sys.executable, "-c", command], check=True, capture_output=True)
+    converted = LLM(str(path), **OPTIONS)
+    try:
+        params = SamplingParams(max_tokens=8)
+        assert converted.generate(["Hello"], params) == llm.generate(["Hello"], params)
+    finally:
+        converted.shutdown()

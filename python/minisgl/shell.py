@@ -18,6 +18,10 @@ A fixed reply length of 2048 tokens would fill a 512-token context in one reply 
 room for the next line; the default is a quarter of the context, 2048 at most (128 tokens on
 the tiny models, 2048 from an 8,192-token context on), so that three quarters stay for the
 conversation: several turns of it.
+
+While the workers load the model, one line says what loads and how long it has taken. After
+each reply a line gives its speed: tokens per second and the time to the first token
+(``MINISGL_SHELL_TIMING=0`` leaves it out, for a session whose prints must not vary).
 """
 
 from __future__ import annotations
@@ -26,8 +30,10 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import time
-from contextlib import closing
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable, Dict, Iterator, List, TextIO, Tuple
 
@@ -47,7 +53,7 @@ from minisgl.models import ModelConfig
 from minisgl.server.args import ServerArgs
 from minisgl.server.launch import SchedulerStats, send_exit_msg, start_workers
 from minisgl.tokenizer import tokenize_request
-from minisgl.utils.hf import read_hf_config, resolve_model_dir
+from minisgl.utils.hf import read_hf_config, resolve_model_dir, safetensors_files
 from minisgl.utils.mp import WorkerDied, Workers, ZmqPullQueue, ZmqPushQueue
 
 PROMPT = ">>> "
@@ -55,6 +61,7 @@ HELP = "/reset forgets the conversation, /stats shows the pool, /exit (or Ctrl-D
 RANDOM_WEIGHTS = (
     "(a model with random weights, as examples/tiny_models.py makes, writes random text)"
 )
+RANDOM_WEIGHTS_FILE = "random_weights.txt"  # examples/tiny_models.py writes it beside the weights
 Message = Dict[str, str]
 
 
@@ -73,6 +80,11 @@ def shell_sampling_params(context: int) -> SamplingParams:
         top_p=float(get("MINISGL_SHELL_TOP_P", "1.0")),
         max_tokens=int(get("MINISGL_SHELL_MAX_TOKENS", str(reply_len))),
     )
+
+
+def shell_timing() -> bool:
+    """Whether a line of timing follows each reply: yes unless ``MINISGL_SHELL_TIMING=0``."""
+    return os.environ.get("MINISGL_SHELL_TIMING", "1") != "0"
 
 
 def context_length(args: ServerArgs, stats: SchedulerStats) -> int:
@@ -117,9 +129,10 @@ class ChatClient:
         )
         self._uids = itertools.count()
 
-    def stream(self, messages: List[Message], params: SamplingParams) -> Iterator[str]:
-        """The reply's text, piece by piece. Closed before its end (Ctrl-C), it aborts the
-        request, so the scheduler drops it and frees its pages."""
+    def stream(self, messages: List[Message], params: SamplingParams) -> Iterator[UserReply]:
+        """The reply, piece by piece: each piece's text and the tokens it came from. Closed
+        before its end (Ctrl-C), it aborts the request, so the scheduler drops it and frees its
+        pages."""
         uid, finished = next(self._uids), False
         self._send.put(TokenizeMsg(uid, messages, params))
         try:
@@ -128,7 +141,7 @@ class ChatClient:
                     finished = reply.finished
                     if reply.error:  # finished too: there is nothing to abort
                         raise RequestRefused(reply.error)
-                    yield reply.incremental_output
+                    yield reply
         finally:
             if not finished:
                 self._send.put(AbortMsg(uid))
@@ -148,6 +161,32 @@ class ChatClient:
         self._recv.close()
 
 
+@dataclass
+class ReplyTiming:
+    """When one reply's tokens came, from the moment its request was sent."""
+
+    sent: float = field(default_factory=time.monotonic)
+    first: float = 0.0  # when the first token came: prefill, and any wait before it
+    last: float = 0.0
+    tokens: int = 0
+
+    def add(self, reply: UserReply) -> None:
+        now = time.monotonic()
+        if reply.token_ids and not self.tokens:
+            self.first = now
+        self.tokens += len(reply.token_ids)
+        self.last = now
+
+    def line(self) -> str:
+        """``(64 tokens, 17.2 tokens/s; the first after 412 ms)``: the speed is that of decoding,
+        the tokens after the first over the time after the first."""
+        to_first = f"the first after {1000 * (self.first - self.sent):.0f} ms"
+        if self.tokens < 2:
+            return f"({self.tokens} token{'s' * (self.tokens != 1)}; {to_first})"
+        rate = (self.tokens - 1) / max(self.last - self.first, 1e-9)
+        return f"({self.tokens} tokens, {rate:.1f} tokens/s; {to_first})"
+
+
 class Shell:
     """The conversation, and what each line of input does with it."""
 
@@ -159,9 +198,10 @@ class Shell:
         count_tokens: Callable[[List[Message]], int],
         context: int,
         out: TextIO = sys.stdout,
+        timing: bool = True,
     ):
         self.client, self.params, self.stats, self.out = client, params, stats, out
-        self.count_tokens, self.context = count_tokens, context
+        self.count_tokens, self.context, self.timing = count_tokens, context, timing
         self.history: List[Message] = []  # the turns so far, user and assistant in turn
 
     def run(self, read_line: Callable[[], str]) -> None:
@@ -198,9 +238,10 @@ class Shell:
 
     def turn(self, text: str) -> None:
         """One chat turn, streamed, its conversation cut to leave room for a whole reply (half
-        the context at most: a longer one the scheduler cuts anyway). Stopped by Ctrl-C or
-        refused, it is left out of the conversation (and the turns it would have cut stay);
-        after a Ctrl-C the next prompt waits until the scheduler has dropped the request."""
+        the context at most: a longer one the scheduler cuts anyway), then its timing line.
+        Stopped by Ctrl-C or refused, it is left out of the conversation (and the turns it would
+        have cut stay); after a Ctrl-C the next prompt waits until the scheduler has dropped the
+        request."""
         room = min(self.params.max_tokens, self.context // 2)  # for the reply
         messages, dropped = fit_to_context(
             self.history + [{"role": "user", "content": text}],
@@ -213,11 +254,13 @@ class Shell:
                 f"of the context's {self.context} tokens for the reply)"
             )
         pieces: List[str] = []
+        timing = ReplyTiming()
         try:
             with closing(self.client.stream(messages, self.params)) as stream:
-                for piece in stream:
-                    pieces.append(piece)
-                    self.out.write(piece)
+                for reply in stream:
+                    timing.add(reply)
+                    pieces.append(reply.incremental_output)
+                    self.out.write(reply.incremental_output)
                     self.out.flush()
         except KeyboardInterrupt:
             self.say("\n(stopped)")
@@ -227,6 +270,8 @@ class Shell:
             self.say(("\n" if pieces else "") + f"(refused: {e})")
             return
         self.say("")
+        if self.timing:
+            self.say(timing.line())
         self.history = messages + [{"role": "assistant", "content": "".join(pieces)}]
 
     def say(self, text: str) -> None:
@@ -251,22 +296,65 @@ def prompt_reader() -> Callable[[], str]:
     return session.prompt
 
 
+def describe_model(path: str) -> str:
+    """What the workers load: ``PATH (LlamaForCausalLM, 538 MB of weights)``."""
+    arch = read_hf_config(path)["architectures"][0]
+    size = sum(f.stat().st_size for f in safetensors_files(path))
+    return f"{path} ({arch}, {size / 1e6:.0f} MB of weights)"
+
+
+def has_random_weights(path: str) -> bool:
+    """Whether the model directory says that its weights are random: examples/tiny_models.py
+    writes ``random_weights.txt`` beside them. Nothing else in the files tells them apart."""
+    return (resolve_model_dir(path) / RANDOM_WEIGHTS_FILE).is_file()
+
+
+@contextmanager
+def loading_line(what: str, out: TextIO, every_s: float = 5.0) -> Iterator[Callable[[], float]]:
+    """``minisgl shell: loading WHAT...``, then the seconds so far every ``every_s`` on the same
+    line while the body runs: a real model takes tens of seconds to load on a CPU. Yields the
+    seconds since the start; the caller ends the line, or a failure does."""
+    start, done = time.monotonic(), threading.Event()
+
+    def tick() -> None:
+        while not done.wait(every_s):
+            out.write(f" {time.monotonic() - start:.0f} s...")
+            out.flush()
+
+    out.write(f"minisgl shell: loading {what}...")
+    out.flush()
+    ticker = threading.Thread(target=tick, name="minisgl-loading", daemon=True)
+    ticker.start()
+    failed = True
+    try:
+        yield lambda: time.monotonic() - start
+        failed = False
+    finally:
+        done.set()
+        ticker.join()
+        if failed:  # the error's own line follows
+            out.write("\n")
+            out.flush()
+
+
 def run_shell(args: ServerArgs) -> None:
     """Start the workers, chat until /exit or Ctrl-D, stop the workers: no process or socket
     file stays. SIGTERM ends it too (``Workers``' handler); SIGINT here means "stop the reply"."""
     with Workers() as workers:
         stats = SchedulerStats()
-        start_workers(workers, args, stats)
-        tokenizer = AutoTokenizer.from_pretrained(args.model_path)  # as the worker loads it
-        workers.wait_ready(timeout=env.ready_timeout_s())
+        with loading_line(describe_model(args.model_path), sys.stdout) as elapsed:
+            start_workers(workers, args, stats)
+            tokenizer = AutoTokenizer.from_pretrained(args.model_path)  # as the worker loads it
+            try:
+                workers.wait_ready(timeout=env.ready_timeout_s())
+            except (WorkerDied, TimeoutError) as e:  # the worker has logged why
+                raise SystemExit(f"minisgl: {e}; the shell could not start") from None
         signal.signal(signal.SIGINT, signal.default_int_handler)  # KeyboardInterrupt again
         client = ChatClient(workers)
         context = context_length(args, stats)
         pids = ", ".join(f"{name} (pid {p.pid})" for name, p in workers.procs.items())
-        print(
-            f"minisgl shell: {args.model_path}; workers: {pids}\n{HELP}\n{RANDOM_WEIGHTS}",
-            flush=True,
-        )
+        notes = [HELP, RANDOM_WEIGHTS] if has_random_weights(args.model_path) else [HELP]
+        print(f" ready in {elapsed():.1f} s; workers: {pids}", *notes, sep="\n", flush=True)
         try:
             Shell(
                 client,
@@ -274,6 +362,7 @@ def run_shell(args: ServerArgs) -> None:
                 stats,
                 partial(prompt_length, tokenizer),
                 context,
+                timing=shell_timing(),
             ).run(prompt_reader())
         except WorkerDied as e:  # the watcher has stopped the other workers
             raise SystemExit(f"minisgl: {e}; the shell has stopped") from None

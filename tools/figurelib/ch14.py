@@ -90,7 +90,7 @@ class LockstepChat:
                 for reply in replies:
                     finished = reply.finished
                     self.record("piece", reply.incremental_output)
-                    yield reply.incremental_output
+                    yield reply
         finally:
             if not finished:
                 self.send([AbortMsg(self.uid)])

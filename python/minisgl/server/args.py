@@ -29,6 +29,8 @@ class ServerArgs(SchedulerConfig):
     api_key: str | None = None  # when set, every request needs "Authorization: Bearer KEY"
     shell: bool = False  # the interactive shell instead of the HTTP server
     shutdown_timeout: float = 5.0  # on SIGTERM/SIGINT: seconds the replies under way may take
+    # torch threads of each scheduler process; None: launch.py's engine_threads decides
+    threads: int | None = None
     served_model_name: str | None = None  # the model's id in the API; None: its folder's name
     tool_call_parser: str | None = None  # the tool-call syntax; None: read from the template
 
@@ -36,6 +38,8 @@ class ServerArgs(SchedulerConfig):
         super().__post_init__()
         if not self.shutdown_timeout >= 0:  # NaN too
             raise ValueError(f"shutdown_timeout must be >= 0 seconds, got {self.shutdown_timeout}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
 
     def scheduler_config(self) -> SchedulerConfig:
         """The engine's options alone: what the scheduler process needs."""
@@ -107,6 +111,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the attention backend, by name (default: the best for the device)",
     )
     p.add_argument("--device", default=d.device, help="cpu, cuda, or auto")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=d.threads,
+        help="torch threads of the scheduler process (default: OMP_NUM_THREADS if set, else "
+        "the cores idle over the last minute); the other processes get one each",
+    )
     p.add_argument(
         "--tp-size",
         "--tensor-parallel-size",

@@ -11,13 +11,17 @@ it hands every message on to ranks 1..N-1.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from multiprocessing.connection import wait
-from typing import TYPE_CHECKING, Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, Iterator
+
+import torch
 
 from minisgl import env
 from minisgl.message import BaseTokenizerMsg, ExitMsg
@@ -68,30 +72,60 @@ class SchedulerStats:
         return dict(zip(STAT_NAMES, self.array[:]))
 
 
+def engine_threads(args: ServerArgs) -> int:
+    """The torch threads of each scheduler process: ``--threads``; else OMP_NUM_THREADS if set;
+    else torch's default (one per physical core) less the cores that the 1-minute load average
+    says are busy, shared between the ranks, at least one: threads that share a core with
+    another busy process wait on each other, and decode slows down more than with fewer."""
+    if args.threads:
+        return args.threads
+    cores = torch.get_num_threads()
+    if not os.environ.get("OMP_NUM_THREADS"):
+        cores -= int(os.getloadavg()[0])
+    return max(1, cores // args.tp_size)
+
+
+@contextmanager
+def omp_threads(n: int) -> Iterator[None]:
+    """OMP_NUM_THREADS=n for the processes started in the body: torch reads it as it starts."""
+    old = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = str(n)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = old
+
+
 def start_workers(workers: Workers, args: ServerArgs, stats: SchedulerStats) -> None:
     """The scheduler (one process per rank) and the tokenizer worker, their sockets in the
-    run's own directory; the ranks meet at a file there too."""
+    run's own directory; the ranks meet at a file there too. Each rank gets ``engine_threads``
+    threads, the tokenizer worker one."""
     from minisgl.tokenizer.server import tokenizer_worker  # here: see _serve
 
     config = replace(args.scheduler_config(), dist_init_addr=f"file://{workers.ipc_dir}/tp")
-    workers.start(
-        "scheduler",
-        run_scheduler,
-        config=config,
-        backend_addr=workers.addr("scheduler"),
-        detokenizer_addr=workers.addr("tokenizer"),
-        after_step=stats.publish,
-    )
-    for rank in range(1, config.tp_size):
-        workers.start(f"scheduler-{rank}", run_follower, config=replace(config, tp_rank=rank))
-    workers.start(
-        "tokenizer",
-        tokenizer_worker,
-        model_path=args.model_path,
-        inbox_addr=workers.addr("tokenizer"),
-        backend_addr=workers.addr("scheduler"),
-        frontend_addr=workers.addr("frontend"),
-    )
+    with omp_threads(engine_threads(args)):
+        workers.start(
+            "scheduler",
+            run_scheduler,
+            config=config,
+            backend_addr=workers.addr("scheduler"),
+            detokenizer_addr=workers.addr("tokenizer"),
+            after_step=stats.publish,
+        )
+        for rank in range(1, config.tp_size):
+            workers.start(f"scheduler-{rank}", run_follower, config=replace(config, tp_rank=rank))
+    with omp_threads(1):  # it runs no torch kernel
+        workers.start(
+            "tokenizer",
+            tokenizer_worker,
+            model_path=args.model_path,
+            inbox_addr=workers.addr("tokenizer"),
+            backend_addr=workers.addr("scheduler"),
+            frontend_addr=workers.addr("frontend"),
+        )
 
 
 def watch_workers(workers: Workers, frontend: Frontend, server: uvicorn.Server) -> None:
