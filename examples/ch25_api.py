@@ -110,7 +110,7 @@ def show_loglikelihood(client: openai.OpenAI, hf, tok) -> None:
         ref = hf_logprobs(hf, ids)
         ref_total = sum(ref[i - 1, ids[i]].item() for i in range(len(ids) - n, len(ids)))
         print(
-            f"  {context!r} + {continuation!r}: {n} tokens {lp.tokens[-n:]}, "
+            f"  {context!r} + {continuation!r}: {n} token{'s' * (n != 1)} {lp.tokens[-n:]}, "
             f"as transformers: {math.isclose(total, ref_total, abs_tol=1e-4)}, greedy: {greedy}"
         )
 
