@@ -2,9 +2,9 @@
 
 Starts ``python -m minisgl --model PATH --served-model-name tiny`` on a free port and sends, with
 the official ``openai`` client and ``httpx``, the requests that lm-evaluation-harness, LangChain,
-guidance and SGLang's bench_serving send: a loglikelihood request (echo and logprobs), a chat
-with the top alternatives of each token, ``n`` choices for each prompt of a batch, penalties
-and a logit bias, a forced tool call, a prompt of token ids, content as text parts, and SGLang's
+guidance and SGLang's bench_serving send: a loglikelihood request (token ids, echo and
+logprobs), a chat with the top alternatives of each token, ``n`` choices for each prompt of a
+batch, penalties and a logit bias, a forced tool call, a prompt of token ids, content as text parts, and SGLang's
 native ``/generate``. Log-probabilities are checked against transformers on the same weights.
 """
 
@@ -92,26 +92,30 @@ def show_card(client: openai.OpenAI) -> None:
 
 
 def show_loglikelihood(client: openai.OpenAI, hf, tok) -> None:
-    """lm-eval's request for a context and a continuation: the continuation's log-probability
-    and whether greedy decoding would have written it."""
-    print("\nloglikelihood, as lm-evaluation-harness asks it (max_tokens 0, logprobs 1, echo):")
+    """lm-evaluation-harness's request for a context and a continuation, as its
+    ``local-completions`` model sends it: the ids of both as one prompt, ``max_tokens`` 1,
+    ``logprobs`` 1, ``echo``; it reads the entries from the continuation's first token up to the
+    last, which is the token drawn. Their sum, and whether each was the likeliest."""
+    print("\nloglikelihood, as lm-evaluation-harness asks it (token ids, max_tokens 1, echo):")
     for context, continuation in [("Once upon a", " time"), ("Hello", " world of dogs")]:
+        ctx = tok(context)["input_ids"]
+        ids = tok(context + continuation)["input_ids"]
         reply = client.completions.create(
-            model=NAME, prompt=context + continuation, max_tokens=0, logprobs=1, echo=True
+            model=NAME, prompt=[ids], max_tokens=1, logprobs=1, echo=True, temperature=0
         )
         lp = reply.choices[0].logprobs
-        n = len(tok(context + continuation)["input_ids"]) - len(tok(context)["input_ids"])
-        total = sum(lp.token_logprobs[-n:])
+        tokens, values = lp.tokens[len(ctx) : -1], lp.token_logprobs[len(ctx) : -1]
         greedy = all(
             max(top, key=top.get) == token
-            for token, top in zip(lp.tokens[-n:], lp.top_logprobs[-n:])
+            for token, top in zip(tokens, lp.top_logprobs[len(ctx) : -1])
         )
-        ids = tok(context + continuation)["input_ids"]
         ref = hf_logprobs(hf, ids)
-        ref_total = sum(ref[i - 1, ids[i]].item() for i in range(len(ids) - n, len(ids)))
+        ref_total = sum(ref[i - 1, ids[i]].item() for i in range(len(ctx), len(ids)))
+        same = math.isclose(sum(values), ref_total, abs_tol=1e-4)
+        n = len(tokens)
         print(
-            f"  {context!r} + {continuation!r}: {n} token{'s' * (n != 1)} {lp.tokens[-n:]}, "
-            f"as transformers: {math.isclose(total, ref_total, abs_tol=1e-4)}, greedy: {greedy}"
+            f"  {context!r} + {continuation!r}: {n} token{'s' * (n != 1)} {tokens}, "
+            f"as transformers: {same}, greedy: {greedy}"
         )
 
 
