@@ -556,6 +556,23 @@ def test_sglangs_generate_in_its_shapes(server):
     assert events[0]["meta_info"]["finish_reason"] is None or len(events) == 1
 
 
+def test_generate_takes_the_penalties_and_bias_the_openai_routes_take(server):
+    client = server.client()
+    bias = {"300": 100}
+    for extra in ({"frequency_penalty": 1.5, "repetition_penalty": 1.3}, {"logit_bias": bias}):
+        ref = client.completions.create(
+            model=NAME,
+            prompt="Hello world",
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True, **extra},
+        ).choices[0]
+        sampling = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True, **extra}
+        out = _post(server, "/generate", {"text": "Hello world", "sampling_params": sampling})
+        assert out.status_code == 200 and out.json()["text"] == ref.text, out.text
+    assert out.json()["output_ids"] == [300] * 8
+
+
 @pytest.mark.parametrize(
     "body, words",
     [

@@ -46,6 +46,10 @@ SAMPLING = {
     "regex": "regex",
     "ebnf": "ebnf",
     "json_schema": "json_schema",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "logit_bias": "logit_bias",
 }
 # SGLang's sampling_params at the values that ask for nothing (bench_serving and SGLang's own
 # client send some of them); any other value is refused, naming it
@@ -54,14 +58,10 @@ NEUTRAL: Dict[str, tuple] = {
     "min_p": (0, 0.0),
     "n": (1,),
     "min_new_tokens": (0,),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
-    "repetition_penalty": (1, 1.0),
     "skip_special_tokens": (True,),
     "spaces_between_special_tokens": (True,),
     "no_stop_trim": (False,),
     "stop_token_ids": (None, []),
-    "logit_bias": (None, {}),
     "custom_params": (None,),
 }
 # the request's own fields that would change the reply, at their no-op values
