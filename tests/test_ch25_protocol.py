@@ -410,6 +410,45 @@ def test_a_template_that_ignores_tools_gets_them_written_by_the_server(tiny_mode
     assert written == own.replace(intro, "")
 
 
+def test_tools_written_out_teach_the_syntax_their_parser_reads():
+    """A template that ignores tools gets them in the system turn with the instructions of the
+    format the server parses: Qwen2.5's ``<tool_call>`` tags for hermes, Llama 3.1's bare JSON
+    with "parameters" for llama3_json; an earlier call is written in the same syntax."""
+    from minisgl.function_call.template import written_out
+
+    call = {"function": {"name": "now", "arguments": {"zone": "UTC"}}}
+    chat = [
+        {"role": "user", "content": "Time?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "12:00"},
+    ]
+    tools = [{"type": "function", "function": CLOCK}]
+    hermes, llama = (written_out(chat, tools, fmt) for fmt in (HERMES, LLAMA3_JSON))
+    assert "<tool_call>" in hermes[0]["content"] and '"now"' in hermes[0]["content"]
+    assert "<tool_call>" not in llama[0]["content"] and '"parameters"' in llama[0]["content"]
+    assert hermes[2]["content"].startswith("<tool_call>")
+    assert json.loads(llama[2]["content"]) == {"name": "now", "parameters": {"zone": "UTC"}}
+
+
+def test_tools_on_a_model_without_a_chat_template_are_refused_saying_so(tiny_models, tmp_path):
+    import asyncio
+    import shutil
+
+    from minisgl.core import SamplingParams
+    from minisgl.server.tool_calls import ToolTemplates
+
+    path = shutil.copytree(tiny_models["qwen3"], tmp_path / "plain")
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    tools = tools_of([{"type": "function", "function": CLOCK}], None)
+    chat = [{"role": "user", "content": "Time?"}]
+    prompt = ToolTemplates(str(path), None).prompt(chat, tools, SamplingParams())
+    with pytest.raises(RequestError, match="no chat template, so it takes no messages"):
+        asyncio.run(prompt)
+
+
 def test_smollm2s_template_ignores_tools(real_model):
     template = ToolTemplate.of(_tokenizer(real_model))
     assert not template.native and template.format is HERMES

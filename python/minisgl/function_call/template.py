@@ -28,6 +28,13 @@ TOOLS_PROMPT = (
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     '{{"name": <function-name>, "arguments": <args-json-object>}}\n</tool_call>'
 )
+# Llama 3.1's own words, for the JSON calls its format parses (no tags around them)
+LLAMA3_TOOLS_PROMPT = (
+    "Given the following functions, please respond with a JSON for a function call with its "
+    "proper arguments that best answers the given prompt.\n\nRespond in the format "
+    '{{"name": function name, "parameters": dictionary of argument name and its value}}. '
+    "Do not use variables.\n\n{tools}"
+)
 
 
 def renders_tools(tokenizer: Any) -> bool:
@@ -88,9 +95,10 @@ class ToolTemplate:
 def written_out(
     messages: Sequence[Message], tools: Sequence[Tool], fmt: ToolCallFormat
 ) -> List[Message]:
-    """For a template that ignores tools: the tools in the system turn, earlier calls as the
-    assistant's text, results as user turns in ``<tool_response>`` tags, as Qwen2.5's writes
-    them; every message then has a role and a text that any template renders."""
+    """For a template that ignores tools: the tools in the system turn, with the instructions
+    of ``fmt``'s family (Qwen2.5's words for hermes, Llama 3.1's for its JSON), earlier calls as
+    the assistant's text in ``fmt``'s syntax, results as user turns in ``<tool_response>`` tags;
+    every message then has a role and a text that any template renders."""
     out: List[Message] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
@@ -109,7 +117,8 @@ def written_out(
         m.pop("_tool_results", None)
     if tools:
         listed = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-        prompt = TOOLS_PROMPT.format(tools=listed)
+        words = LLAMA3_TOOLS_PROMPT if fmt is LLAMA3_JSON else TOOLS_PROMPT
+        prompt = words.format(tools=listed)
         if out and out[0]["role"] == "system":
             out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + prompt}
         else:

@@ -162,6 +162,12 @@ class ToolTemplates:
         and the syntax its reply is parsed with."""
         template = await self.get()
         fmt = template.format
+        if template.tokenizer.chat_template is None:
+            raise RequestError(
+                "this model has no chat template, so it takes no messages: send a prompt to "
+                "/v1/completions",
+                "messages",
+            )
         if tools is not None and fmt is None:
             raise RequestError(
                 "this model's chat template writes tool calls in a syntax this server does not "
