@@ -523,3 +523,25 @@ def test_workers_of_a_killed_main_process_exit_and_remove_their_socket_files(ser
 def test_the_offline_path_imports_no_server_package():
     offline = "minisgl.llm, minisgl.scheduler.scheduler, minisgl.tokenizer"
     assert modules_imported(offline, ["zmq", "msgpack"]) == []
+
+
+def test_stop_reaps_the_workers_under_the_watchers_lock():
+    """``stop`` joins and ends each worker holding the lock the watcher reaps under: of two
+    ``waitpid`` calls on one process the second gets no status, which would leave that
+    ``Process``'s exitcode None and is_alive() True after the stop."""
+    from minisgl.utils.mp import Workers
+
+    held: list = []
+
+    class Worker:  # a stand-in that records whether the lock is held as it is reaped
+        def join(self, timeout: float | None = None) -> None:
+            held.append(("join", workers._reaping.locked()))
+
+        def is_alive(self) -> bool:
+            held.append(("is_alive", workers._reaping.locked()))
+            return False
+
+    workers = Workers()
+    workers.procs["worker"] = Worker()  # type: ignore[assignment]
+    workers.stop(grace=0.0)
+    assert held == [("join", True), ("is_alive", True)]

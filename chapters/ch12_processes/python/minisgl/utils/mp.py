@@ -163,7 +163,9 @@ class Workers:
         self.failure: str | None = None  # what ended the first worker that died, if any
         self._ready: Dict[str, Connection] = {}
         self._stopping = False
-        self._reaping = threading.Lock()  # the watcher and check() may both reap one worker
+        # the watcher, check() and stop() may each reap one worker; two waitpid calls at once
+        # leave the loser's exitcode None, and its is_alive() True
+        self._reaping = threading.Lock()
         self._spawn = mp.get_context("spawn")
         self._old_handlers: Dict[int, Any] = {}
 
@@ -223,9 +225,10 @@ class Workers:
         if send_exit is not None:
             send_exit()
         deadline = time.monotonic() + grace  # one grace period for all of them
-        for proc in self.procs.values():
-            proc.join(max(0.0, deadline - time.monotonic()))
-        _end_all(self.procs.values())
+        with self._reaping:  # the watcher may be reaping one of them right now
+            for proc in self.procs.values():
+                proc.join(max(0.0, deadline - time.monotonic()))
+            _end_all(self.procs.values())
         shutil.rmtree(self.ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> Workers:
