@@ -1,10 +1,10 @@
 """Chapter 25: the API that real tools speak.
 
 Starts ``python -m minisgl --model PATH --served-model-name tiny`` on a free port and sends, with
-the official ``openai`` client and ``httpx``, the requests that lm-evaluation-harness, LangChain,
-guidance and SGLang's bench_serving send: a loglikelihood request (token ids, echo and
-logprobs), a chat with the top alternatives of each token, ``n`` choices for each prompt of a
-batch, penalties and a logit bias, a forced tool call, a prompt of token ids, content as text parts, and SGLang's
+the official ``openai`` client and ``httpx``, requests in the shapes that real tools send: a
+loglikelihood request (token ids, echo and logprobs, as lm-evaluation-harness sends it), a chat
+with the top alternatives of each token, ``n`` choices for each prompt of a batch, penalties and
+a logit bias, a forced tool call, a prompt of token ids, content as text parts, and SGLang's
 native ``/generate``. Log-probabilities are checked against transformers on the same weights.
 """
 
@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+import jsonschema
 import openai
 import tiny_models
 import torch
@@ -176,15 +177,11 @@ def show_tool_call(client: openai.OpenAI) -> None:
     reply = client.chat.completions.create(temperature=0, **kwargs).choices[0]
     [call] = reply.message.tool_calls
     args = json.loads(call.function.arguments)
-    valid = (
-        isinstance(args["city"], str)
-        and 1 <= args["days"] <= 7
-        and set(args)
-        == {
-            "city",
-            "days",
-        }
-    )
+    try:
+        jsonschema.validate(args, WEATHER["function"]["parameters"])
+        valid = True
+    except jsonschema.ValidationError:
+        valid = False
     print(
         f"\ntool_choice='required': {call.function.name}({call.function.arguments}), "
         f"content={reply.message.content!r}, finish_reason={reply.finish_reason!r}, "
