@@ -148,8 +148,10 @@ def main() -> None:
             for threads in args.threads:
                 # the shell's default, as it reads the load average when it starts
                 chosen = threads or engine_threads(parse_args(["--model", args.model]))
-                label = f"{args.neighbour} {busy}, threads {threads or 'default'} ({chosen})"
-                print(f"{label:<32} shell:        {shell_speed(args.model, threads, args.tokens)}")
+                load = os.getloadavg()[0]  # what the default read
+                setting = f"threads {threads or 'default'} ({chosen})"
+                label = f"{args.neighbour} {busy} (load {load:.1f}), {setting}"
+                print(f"{label:<44} shell:        {shell_speed(args.model, threads, args.tokens)}")
                 if not args.no_offline:
                     offline_rows(args.model, args.tokens, chosen, label)
 
@@ -160,7 +162,7 @@ def offline_rows(model: str, tokens: int, threads: int, label: str) -> None:
     torch.set_num_threads(threads)
     try:
         for name, speed in (("LLM", offline_speed), ("transformers", transformers_speed)):
-            print(f"{label:<32} {name + ':':<13} {speed(model, tokens)}", flush=True)
+            print(f"{label:<44} {name + ':':<13} {speed(model, tokens)}", flush=True)
     finally:
         torch.set_num_threads(default)
 
