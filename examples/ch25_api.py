@@ -6,6 +6,8 @@ loglikelihood request (token ids, echo and logprobs, as lm-evaluation-harness se
 with the top alternatives of each token, ``n`` choices for each prompt of a batch, penalties and
 a logit bias, a forced tool call, a prompt of token ids, content as text parts, and SGLang's
 native ``/generate``. Log-probabilities are checked against transformers on the same weights.
+First, inside the engine (``LLM`` on the same model): which logits rows a prefill computes and
+which prefix it matched, for a prompt asked plainly, with echo, and plainly again.
 """
 
 from __future__ import annotations
@@ -83,9 +85,42 @@ def hf_logprobs(hf, ids: list) -> torch.Tensor:
         return torch.log_softmax(hf(torch.tensor([ids])).logits[0].float(), dim=-1)
 
 
+def show_inside_the_engine(model: Path, tok) -> None:
+    """One prompt three times through ``LLM``: the prefix each request matched in the radix cache
+    and the logits rows its prefill computed, seen by wrapping the two methods that decide them."""
+    from minisgl.core import SamplingParams
+    from minisgl.llm import LLM
+
+    llm = LLM(str(model), device="cpu", page_size=4, num_pages=64)
+    engine, cache, seen = llm.scheduler.engine, llm.scheduler.cache_manager, {}
+    match_req, forward_batch = cache.match_req, engine.forward_batch
+
+    def matching(req):
+        handle = match_req(req)
+        seen["matched"] = handle.cached_len
+        return handle
+
+    def forward(batch, *rest):
+        tokens = forward_batch(batch, *rest)  # prepares the batch: its rows are known after
+        seen["rows"] = len(batch.reqs) if batch.logits_rows is None else len(batch.logits_rows)
+        return tokens
+
+    cache.match_req, engine.forward_batch = matching, forward
+    ids = tok("Once upon a time, in a land far away, there lived a cat")["input_ids"]
+    print(f"inside the engine: a {len(ids)}-token prompt, pages of 4, the radix cache")
+    for name, extra in [("plain", {}), ("echo", {"prompt_logprobs": 1}), ("plain again", {})]:
+        out = llm.generate([ids], [SamplingParams(max_tokens=1, **extra)])[0]
+        entries = len(out["prompt_logprobs"]) - 1 if "prompt_logprobs" in out else 0
+        print(
+            f"  {name:12s} matched {seen['matched']:2d} tokens, computed {seen['rows']:2d} "
+            f"logits row{'s' * (seen['rows'] != 1)}, {entries:2d} prompt entries"
+        )
+    llm.shutdown()
+
+
 def show_card(client: openai.OpenAI) -> None:
     card = client.models.retrieve(NAME)
-    print(f"model: id={card.id!r} max_model_len={card.model_extra['max_model_len']}")
+    print(f"\nmodel: id={card.id!r} max_model_len={card.model_extra['max_model_len']}")
     try:
         client.models.retrieve("gpt-4o")
     except openai.NotFoundError as e:
@@ -230,6 +265,7 @@ def main() -> None:
         (model / "config.json").write_text(json.dumps(config))
         hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
         tok = AutoTokenizer.from_pretrained(model)
+        show_inside_the_engine(model, tok)
         port = free_port()
         with open(f"{tmp}/server.log", "wb") as log:
             proc = start_server(model, port, log)
