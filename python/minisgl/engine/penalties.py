@@ -69,7 +69,7 @@ class PenaltyState:
         assert self.counts is not None and self.in_prompt is not None
         self.counts[req.table_idx].zero_()
         self.in_prompt[req.table_idx].zero_()
-        self.in_prompt[req.table_idx, _on(req.input_ids, self.device)] = True
+        self.in_prompt[req.table_idx, _on(req.input_ids, torch.long, self.device)] = True
 
     def apply(self, logits: torch.Tensor, args: PenaltyArgs) -> None:
         """Change the asking rows of ``logits`` [B, V] in place."""
@@ -102,7 +102,7 @@ def _args(
     rows: List[int], reqs: Sequence[Req], vocab_size: int, device: torch.device
 ) -> PenaltyArgs:
     params = [r.sampling_params for r in reqs]
-    host = torch.tensor(
+    host = _on(  # one copy, not five
         [
             rows,
             [r.table_idx for r in reqs],
@@ -110,9 +110,9 @@ def _args(
             [p.frequency_penalty for p in params],
             [p.repetition_penalty for p in params],
         ],
-        dtype=torch.float64,
-        pin_memory=device.type == "cuda",
-    ).to(device, non_blocking=True)  # one copy, not five
+        torch.float64,
+        device,
+    )
     return PenaltyArgs(
         host[0].long(),
         host[1].long(),
@@ -134,13 +134,16 @@ def _bias(params: Sequence, vocab_size: int, device: torch.device) -> torch.Tens
     ]
     if not entries:
         return None
-    rows, tokens, values = zip(*entries)
+    # rows, tokens and biases in one copy (float64 holds every token id exactly)
+    rows, tokens, values = _on(list(zip(*entries)), torch.float64, device)
     bias = torch.zeros(len(params), vocab_size, dtype=torch.float32, device=device)
-    bias[_on(list(rows), device), _on(list(tokens), device)] = torch.tensor(
-        values, dtype=torch.float32
-    ).to(device)
+    bias[rows.long(), tokens.long()] = values.float()
     return bias
 
 
-def _on(values: List[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(values, dtype=torch.long).to(device)
+def _on(values: List, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The values on the device without the host waiting: from pageable memory a copy would
+    wait for the device to finish the forward in flight (overlap scheduling's), from pinned
+    memory it is queued behind it."""
+    host = torch.tensor(values, dtype=dtype, pin_memory=device.type == "cuda")
+    return host.to(device, non_blocking=True)
