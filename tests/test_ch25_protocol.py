@@ -2,7 +2,8 @@
 text parts), the facts a client reads from the server (its model's name, the context it takes, a
 404 for a model it does not serve), SGLang's native ``/generate``, and tool calls: the families'
 syntaxes parsed, whole and streamed; tools rendered through the chat template; ``tool_choice``
-"required" or named held by a grammar, so that even a random model calls validly.
+"required" or named held by a grammar, so that even a random model calls validly; guidance's
+grammars in llguidance's Lark syntax, translated into GBNF where the translation is exact.
 
 The parsers are driven with model-shaped text; the server is the real one (chapter 13's
 ``Server``) on a tiny Qwen2 whose template is Qwen2.5's, asked with the official ``openai`` client
@@ -753,6 +754,106 @@ def test_a_bad_tool_request_gets_a_400_and_the_server_goes_on(server, extra, wor
             model=NAME, prompt="Hi", max_tokens=2, extra_body={"tools": TOOLS}
         )
     assert client.chat.completions.create(model=NAME, messages=ASK, max_tokens=2).choices
+
+
+# ---------------------------------------------------------------- guidance's Lark grammars
+# guidance's SGLang client sends select(["yes", "no", "maybe so"]) in ebnf as llguidance's Lark
+LARK_SELECT = '%llguidance {}\n\nstart: START\nSTART: "yes"\n     | "no"\n     | "maybe so"\n\n'
+OPTIONS = ["yes", "no", "maybe so"]
+LARK_TERMINALS = [
+    # ("x" + select(["a", "ab"]) + optional("c")), as guidance writes it: the texts it accepts,
+    # then texts it does not
+    (
+        '%llguidance {}\n\nstart: START\nSTART: "x" SELECT OPTIONAL\n\nSELECT: "a"\n     | "ab"'
+        '\n\nOPTIONAL: "c"?\n',
+        ["xa", "xab", "xabc", "xac"],
+        ["x", "xb", "xabcc", "xa "],
+    ),
+    (
+        '%llguidance {}\n\nstart: START\nSTART: ONE_OR_MORE "d"\nONE_OR_MORE: ("a" SELECT)+\n\n'
+        'SELECT: "b"\n     | "c"{1,2}\n\n',
+        ["abd", "acd", "accabd"],
+        ["d", "abbd", "acccd"],
+    ),
+    # JSON's escapes, a surrogate pair among them, as json.dumps writes guidance's literals
+    (
+        '%llguidance {}\nstart: START\nSTART: "\\u00e9\\ud83d\\ude00" | "q\\"\\\\\\n"\n',
+        ["é😀", 'q"\\\n'],
+        ["e", "q"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "lark, accepted, refused",
+    [(LARK_SELECT, OPTIONS, ["", "ye", "yesno"]), *LARK_TERMINALS],
+    ids=["select", "a join", "repeats", "escapes"],
+)
+def test_guidances_lark_of_one_lexeme_becomes_gbnf_that_accepts_the_same_texts(
+    lark, accepted, refused
+):
+    pytest.importorskip("xgrammar")
+    from xgrammar.testing import _is_grammar_accept_string as accepts
+
+    from minisgl.server.lark import ebnf_of
+
+    gbnf = ebnf_of(lark)
+    assert gbnf.startswith("root ::= ")
+    assert all(accepts(gbnf, text) for text in accepted), gbnf
+    assert not any(accepts(gbnf, text) for text in refused), gbnf
+    assert ebnf_of('root ::= "a" | "b"') == 'root ::= "a" | "b"'  # GBNF passes as it came
+
+
+LARK_HEAD = "%llguidance {}\n\nstart: START\n"
+
+
+@pytest.mark.parametrize(
+    "lark, words",
+    [
+        (LARK_HEAD + 'START: "a"\n     | GEN\n\nGEN: /[0-9]+/\n', "a regular expression"),
+        ('%llguidance {}\n\nstart: select\n\nselect: "a"\n     | "b"\n', "the rule 'select'"),
+        (
+            '%llguidance {}\nstart: n\nn[capture, max_tokens=3]: N\nN: "a"\n',
+            "the attributes [capture, max_tokens=3] of 'n'",
+        ),
+        ('%llguidance {}\nstart: A B\nA: "a" | "ab"\nB: "bc"\n', "start must be one terminal"),
+        ('%llguidance {}\nstart: A\nA: "a" A?\n', "the recursive terminal 'A'"),
+        ('%llguidance {}\nstart: json\njson: %json {\n  "type": "object"\n}\n', "%json"),
+        ('%llguidance {"allow_invalid_utf8": true}\nstart: A\nA: "a"\n', "the options"),
+        ('%llguidance {}\nstart: A\nA: "a"i\n', "the literal flag 'i'"),
+        (LARK_HEAD + "START: B\n", "'B', which the grammar defines as no terminal"),
+    ],
+    ids=lambda x: "lark" if x.startswith("%") else x,
+)
+def test_lark_the_translation_would_change_is_refused_naming_it(lark, words):
+    from minisgl.server.lark import ebnf_of
+
+    with pytest.raises(ValueError, match=re.escape(words)):
+        ebnf_of(lark)
+
+
+def test_the_server_holds_a_select_sent_as_lark_on_both_routes(server):
+    """As guidance's SGLang client sends a select: the chat's reply is one of the options,
+    whole or streamed, and so is /generate's; a grammar with a regular expression gets a 400
+    naming ebnf and what it holds, on each route."""
+    client = server.client()
+    for seed in (1, 2, 3):
+        reply = client.chat.completions.create(
+            model=NAME, messages=ASK, seed=seed, extra_body={"ebnf": LARK_SELECT}
+        )
+        assert reply.choices[0].message.content in OPTIONS
+        assert reply.choices[0].finish_reason == "stop"  # the grammar's end, not max_tokens
+    stream = client.chat.completions.create(
+        model=NAME, messages=ASK, seed=4, stream=True, extra_body={"ebnf": LARK_SELECT}
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) in OPTIONS
+    native = _post(server, "/generate", {"text": "Hi", "sampling_params": {"ebnf": LARK_SELECT}})
+    assert native.status_code == 200 and native.json()["text"] in OPTIONS, native.text
+    regex = LARK_HEAD + 'START: "a"\n     | GEN\n\nGEN: /[0-9]+/\n'
+    with pytest.raises(openai.BadRequestError, match="ebnf: llguidance's Lark.*regular expression"):
+        client.chat.completions.create(model=NAME, messages=ASK, extra_body={"ebnf": regex})
+    native = _post(server, "/generate", {"text": "Hi", "sampling_params": {"ebnf": regex}})
+    assert native.status_code == 400 and "regular expression" in native.text
 
 
 # ---------------------------------------------------------------- LangChain, where installed

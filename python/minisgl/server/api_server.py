@@ -49,6 +49,7 @@ from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
 from .args import ServerArgs, served_model_name
 from .choices import Choice, Stretch, rendered_logprobs
+from .lark import ebnf_of
 from .protocol import (
     RequestError,
     check_model,
@@ -240,9 +241,14 @@ def chat_top_logprobs(req: ChatRequest) -> int | None:
 
 def constraint_fields(req: _Sampling) -> Dict[str, str]:
     """The request's constraint as ``SamplingParams`` fields: response_format's JSON schema
-    (json_object: any JSON object), or regex, or ebnf; at most one of them."""
+    (json_object: any JSON object), or regex, or ebnf (GBNF, or guidance's Lark translated);
+    at most one of them."""
+    try:
+        ebnf = ebnf_of(req.ebnf)
+    except ValueError as e:
+        raise APIError(400, f"ebnf: {e}", param="ebnf") from None
     fields = {
-        name: text for name, text in (("regex", req.regex), ("ebnf", req.ebnf)) if text is not None
+        name: text for name, text in (("regex", req.regex), ("ebnf", ebnf)) if text is not None
     }
     schema = json_schema_of(req.response_format)
     if schema is not None:

@@ -33,6 +33,7 @@ from .api_server import (
     stop_strings,
     unless_disconnected,
 )
+from .lark import ebnf_of
 from .protocol import Prompt, RequestError, prompts_of
 
 # SGLang's sampling_params -> SamplingParams' names (what the engine honours)
@@ -121,6 +122,8 @@ def native_sampling(spec: Any, where: str = "sampling_params") -> tuple[Sampling
                 f"{where}.{key}={value!r} is not supported by this server", "sampling_params"
             )
     try:
+        if "ebnf" in fields:  # guidance's Lark, as on the OpenAI routes
+            fields["ebnf"] = ebnf_of(fields["ebnf"])
         return SamplingParams(**fields), stop_strings(spec.get("stop"))
     except (TypeError, ValueError) as e:
         raise RequestError(f"{where}: {e}", "sampling_params") from None
