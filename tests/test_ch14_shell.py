@@ -37,6 +37,7 @@ from minisgl.tokenizer import tokenize_request
 
 PROMPT = ">>> "
 MAX_TOKENS = 24
+MODEL = "qwen2bytes"  # the served model's name: its folder's, unless --served-model-name
 CONTEXT = 512  # the tiny models' max_position_embeddings; the pool holds 2048 tokens
 DEFAULT_REPLY = CONTEXT // 4  # the shell's default max_tokens
 OPTIONS = dict(device="cpu", page_size=4, num_pages=512)
@@ -433,7 +434,7 @@ def test_the_chat_endpoint_refuses_a_too_long_conversation_with_400_and_goes_on(
             if _prompt_len(llm, messages) >= CONTEXT:
                 break
             reply = client.chat.completions.create(
-                model="m", messages=messages, max_tokens=200, temperature=0
+                model=MODEL, messages=messages, max_tokens=200, temperature=0
             )
             assert reply.usage.prompt_tokens == _prompt_len(llm, messages)
             messages.append(_assistant(reply.choices[0].message.content))
@@ -446,12 +447,12 @@ def test_the_chat_endpoint_refuses_a_too_long_conversation_with_400_and_goes_on(
         for stream in (False, True):
             with pytest.raises(openai.BadRequestError) as refused:
                 client.chat.completions.create(
-                    model="m", messages=messages, max_tokens=8, stream=stream
+                    model=MODEL, messages=messages, max_tokens=8, stream=stream
                 )
             assert refused.value.status_code == 400
             assert refused.value.body["message"] == expected
         after = client.chat.completions.create(
-            model="m", messages=messages[-1:], max_tokens=8, temperature=0
+            model=MODEL, messages=messages[-1:], max_tokens=8, temperature=0
         )
         assert after.choices[0].message.content == _offline(llm, messages[-1:], 8)
         server.kill(signal.SIGTERM)

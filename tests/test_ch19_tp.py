@@ -205,7 +205,7 @@ def test_a_model_that_does_not_split_fails_and_leaves_no_rank(tiny_models):
 
 
 def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
-    from test_ch13_server import Server
+    from test_ch13_server import MODEL, Server
 
     from minisgl.core import SamplingParams
     from minisgl.llm import LLM
@@ -220,7 +220,7 @@ def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
         client = srv.client()
         for prompt, ref in zip(prompts, refs):
             out = client.completions.create(
-                model="m",
+                model=MODEL,
                 prompt=prompt,
                 max_tokens=10,
                 temperature=0,
@@ -228,7 +228,7 @@ def test_server_at_tp2_answers_as_one_rank(tiny_models, tmp_path):
             )
             assert out.choices[0].text == ref["text"]
         stream = client.chat.completions.create(
-            model="m",
+            model=MODEL,
             messages=[{"role": "user", "content": "Hi"}],
             max_tokens=4,
             temperature=0,

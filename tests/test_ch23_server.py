@@ -14,7 +14,7 @@ pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 pydantic = pytest.importorskip("pydantic")
 
-from test_ch13_server import KEY, Server  # noqa: E402 (the real process, as chapter 13 runs it)
+from test_ch13_server import KEY, MODEL, Server  # noqa: E402 (the real process, as chapter 13 runs it)
 
 DATE = r"20[0-9]{2}-(0[1-9]|1[0-2])-[0-3][0-9]"
 CHAT = [{"role": "user", "content": "Who are you?"}]
@@ -42,7 +42,7 @@ def server(tiny_models, tmp_path_factory):
 @pytest.mark.parametrize("seed", [None, 1, 2])
 def test_a_pydantic_models_schema_gives_json_it_validates(server, seed):
     completion = server.client().chat.completions.parse(
-        model="m",
+        model=MODEL,
         messages=CHAT,
         response_format=Person,
         max_tokens=200,
@@ -57,12 +57,12 @@ def test_a_pydantic_models_schema_gives_json_it_validates(server, seed):
 def test_regex_and_ebnf_fields_on_completions_streamed_or_not(server):
     client = server.client()
     plain = client.completions.create(
-        model="m", prompt="Today is", max_tokens=40, temperature=0, extra_body={"regex": DATE}
+        model=MODEL, prompt="Today is", max_tokens=40, temperature=0, extra_body={"regex": DATE}
     )
     assert re.fullmatch(DATE, plain.choices[0].text)
     assert plain.choices[0].finish_reason == "stop"
     stream = client.completions.create(
-        model="m",
+        model=MODEL,
         prompt="Today is",
         max_tokens=40,
         temperature=0,
@@ -72,14 +72,14 @@ def test_regex_and_ebnf_fields_on_completions_streamed_or_not(server):
     assert "".join(chunk.choices[0].text for chunk in stream) == plain.choices[0].text
     ebnf = 'root ::= ("yes" | "no") "."'
     reply = client.chat.completions.create(
-        model="m", messages=CHAT, max_tokens=20, extra_body={"ebnf": ebnf}
+        model=MODEL, messages=CHAT, max_tokens=20, extra_body={"ebnf": ebnf}
     )
     assert reply.choices[0].message.content in ("yes.", "no.")
 
 
 def test_json_object_gives_a_json_object(server):
     reply = server.client().chat.completions.create(
-        model="m",
+        model=MODEL,
         messages=CHAT,
         max_tokens=300,
         temperature=0,
@@ -115,6 +115,6 @@ def test_json_object_gives_a_json_object(server):
 def test_a_bad_constraint_gets_a_400_and_the_server_goes_on(server, extra, message):
     client = server.client()
     with pytest.raises(openai.BadRequestError, match=re.escape(message)):
-        client.chat.completions.create(model="m", messages=CHAT, max_tokens=5, extra_body=extra)
-    reply = client.chat.completions.create(model="m", messages=CHAT, max_tokens=5)
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5, extra_body=extra)
+    reply = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5)
     assert reply.choices[0].finish_reason in ("stop", "length")

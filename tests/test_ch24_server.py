@@ -17,6 +17,7 @@ PROMPTS = [
     "hello world hello world hello",
 ]
 MAX_TOKENS = 40
+MODEL = "llama3"  # the served model's name: its folder's, unless --served-model-name
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def offline(model):
 
 def _complete(server, prompt: str, **options):
     return server.client().completions.create(
-        model="m", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, **options
+        model=MODEL, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, **options
     )
 
 

@@ -1,11 +1,12 @@
 """The engine's shared vocabulary: how to sample (``SamplingParams``), a request (``Req``), the
-requests run together (``Batch``), and the one ``Context`` every layer can reach."""
+log-probabilities it may ask for (``Logprobs``), the requests run together (``Batch``), and the
+one ``Context`` every layer can reach."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Collection, Iterator, List, Literal
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Collection, Dict, Iterator, List, Literal
 
 import torch
 
@@ -28,8 +29,20 @@ class SamplingParams:
     json_schema: str | None = None  # JSON valid under this schema ("{}": any JSON)
     regex: str | None = None  # text this regular expression matches whole
     ebnf: str | None = None  # a sentence of this EBNF grammar, from its rule ``root``
+    # log-probabilities: None, none; k: the chosen token's and the k most likely (k may be 0)
+    logprobs: int | None = None  # of each new token
+    prompt_logprobs: int | None = None  # of each prompt token after the first (echo)
+    n: int = 1  # completions drawn from the one prompt, choice i with seed choice_seed(seed, i)
+    # changes to the logits before the draw (OpenAI's, SGLang's and vLLM's definitions)
+    presence_penalty: float = 0.0  # minus this from every token the output holds already
+    frequency_penalty: float = 0.0  # minus this times how often the output holds the token
+    repetition_penalty: float = 1.0  # divides a positive logit, multiplies a negative one, of
+    # every token the prompt or the output holds
+    logit_bias: Dict[int, float] | None = None  # token id -> added to its logit
 
     def __post_init__(self) -> None:
+        if self.logit_bias is not None:  # JSON's keys are strings: "50256" means token 50256
+            self.logit_bias = _bias_by_token(self.logit_bias)
         self.validate()
 
     def validate(self) -> None:
@@ -51,10 +64,103 @@ class SamplingParams:
             raise ValueError(f"at most one of json_schema, regex, ebnf, got {constraints}")
         if constraints and not getattr(self, constraints[0]).strip():
             raise ValueError(f"{constraints[0]} is empty")
+        self._validate_reply()
+        self._validate_penalties()
+
+    def _validate_reply(self) -> None:
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not 0 <= k <= MAX_TOP_LOGPROBS):
+                raise ValueError(f"{name} must be None or in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
+        if not 1 <= self.n <= MAX_N:
+            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+
+    def _validate_penalties(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty < float("inf"):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for token, bias in (self.logit_bias or {}).items():
+            if token < 0 or not -100.0 <= bias <= 100.0:
+                raise ValueError(
+                    "logit_bias must map token ids >= 0 to biases in [-100, 100], "
+                    f"got {token}: {bias}"
+                )
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether a penalty or a bias changes this request's logits before the draw."""
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+            or bool(self.logit_bias)
+        )
+
+    def for_choice(self, index: int) -> SamplingParams:
+        """The parameters of choice ``index`` of ``n``: one completion, its own seed."""
+        return replace(self, n=1, seed=choice_seed(self.seed, index))
+
+
+MAX_TOP_LOGPROBS = 20  # alternatives a position reports at most (OpenAI's limit)
+MAX_N = 128  # choices a request asks at most (OpenAI's limit)
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """Choice ``index``'s seed: choice 0 keeps the request's (n = 1 is the request itself), the
+    others get seeds of their own, each a function of (seed, index) alone."""
+    if seed is None or index == 0:
+        return seed
+    return (seed + index * 0x9E3779B1) % 2**31  # the golden ratio's step spreads them out
+
+
+def _bias_by_token(bias: Dict[Any, Any]) -> Dict[int, float]:
+    """logit_bias with int keys; a ValueError naming a key that is not a token id."""
+    try:
+        return {int(token): float(value) for token, value in bias.items()}
+    except (TypeError, ValueError):
+        raise ValueError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+
+
+@dataclass
+class Logprobs:
+    """Log-probabilities at a run of positions, one entry per position, in order: the token at
+    the position, its log-probability, and the most likely tokens there, best first. A prompt's
+    first token has none (nothing comes before it), so its entry is None and its list empty."""
+
+    token_ids: List[int] = field(default_factory=list)
+    logprobs: List[float | None] = field(default_factory=list)
+    top_ids: List[List[int]] = field(default_factory=list)
+    top_logprobs: List[List[float]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    def append(self, token: int, logprob: float | None, top: List[tuple]) -> None:
+        """One position: its token, the token's log-probability, [(id, logprob)] best first."""
+        self.token_ids.append(token)
+        self.logprobs.append(logprob)
+        self.top_ids.append([t for t, _ in top])
+        self.top_logprobs.append([lp for _, lp in top])
+
+    def extend(self, other: Logprobs) -> None:
+        self.token_ids += other.token_ids
+        self.logprobs += other.logprobs
+        self.top_ids += other.top_ids
+        self.top_logprobs += other.top_logprobs
+
+    def slice(self, start: int, end: int | None = None) -> Logprobs:
+        return Logprobs(
+            self.token_ids[start:end],
+            self.logprobs[start:end],
+            self.top_ids[start:end],
+            self.top_logprobs[start:end],
+        )
 
 
 @dataclass(eq=False)
@@ -74,10 +180,26 @@ class Req:
     cached_len: int = 0  # tokens whose K and V are in the cache
     device_len: int = -1  # the next forward runs up to here; -1: every token so far
     cache_handle: Any = None  # the prefix it shares with the prefix cache
+    # what its params ask of log-probabilities, filled as its tokens come (None: not asked)
+    output_logprobs: Logprobs | None = None
+    prompt_logprobs: Logprobs | None = None  # the first token's entry None, then one a token
 
     def __post_init__(self) -> None:
         if self.device_len < 0:
             self.device_len = len(self.input_ids) + len(self.output_ids)
+        params = self.sampling_params
+        if params.logprobs is not None and self.output_logprobs is None:
+            self.output_logprobs = Logprobs()
+        if params.prompt_logprobs is not None and self.prompt_logprobs is None:
+            self.prompt_logprobs = Logprobs()
+            self.prompt_logprobs.append(self.input_ids[0], None, [])
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Its prompt's log-probabilities are asked and not all known: its prefill needs the
+        logits at every prompt position, so no cached prefix can stand in for them."""
+        lp = self.prompt_logprobs
+        return lp is not None and len(lp) < len(self.input_ids)
 
     @property
     def all_ids(self) -> List[int]:
@@ -159,8 +281,13 @@ class Batch:
     positions: torch.Tensor | None = field(default=None, repr=False)
     out_loc: torch.Tensor | None = field(default=None, repr=False)
     table_rows: torch.Tensor | None = field(default=None, repr=False)  # [T] each token's row
-    # the new tokens whose logits are sampled (each request's last); None: every token's
+    # the new tokens whose logits the model computes (each request's last, and every prompt
+    # token of a request that asks its prompt's log-probabilities); None: every token's
     logits_rows: torch.Tensor | None = field(default=None, repr=False)
+    # [B] each request's sampled row among those logits; None: row i is request i's
+    sample_rows: torch.Tensor | None = field(default=None, repr=False)
+    logprob_plan: Any = field(default=None, repr=False)  # which rows report log-probabilities
+    logprobs: Any = field(default=None, repr=False)  # and what they reported, on the device
     attn_metadata: Any = field(default=None, repr=False)  # the attention backend's, per batch
 
     @property

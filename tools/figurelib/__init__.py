@@ -40,6 +40,7 @@ from . import (  # noqa: F401  (each registers its figures)
     ch22,
     ch23,
     ch24,
+    ch25,
 )
 from .common import FIGURES, ROOT, draw_in_tree
 

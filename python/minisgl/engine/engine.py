@@ -20,6 +20,8 @@ from minisgl.utils.torch_utils import StepTimer, free_memory, nbytes, resolve_de
 
 from .config import EngineConfig
 from .graph import GraphRunner, graph_batch_sizes, padded_size
+from .logprobs import DeviceLogprobs, compute_logprobs, plan_logprobs
+from .penalties import PenaltyState
 from .sample import Sampler
 
 logger = init_logger(__name__)
@@ -77,6 +79,10 @@ class Engine:
                 self.device, config.moe_backend
             )
         self.sampler = make_sampler(self.device, config.seed)
+        # penalties' counts, one row a page-table row; allocated when a request first asks
+        self.penalties = PenaltyState(
+            config.max_running_req + 1, self.model_config.vocab_size, self.device
+        )
         # where a step's time goes; the scheduler times its own phases with it
         self.timer = StepTimer(config.profile_steps, self.device, nvtx=config.nvtx)
         self.graph_runner = GraphRunner(
@@ -145,7 +151,8 @@ class Engine:
     def prepare_batch(self, batch: Batch) -> None:
         """The batch's tensors, from its requests' tokens and page-table rows (the pages must be
         given already): input_ids, positions, table_rows and out_loc [T], the rows whose logits
-        are sampled (each request's last token), then the attention metadata.
+        are computed (each request's last token; every prompt token of a request that asks its
+        prompt's log-probabilities, with ``sample_rows`` then), then the attention metadata.
 
         A token the host does not have yet (sampled by the batch before) is read
         from ``last_tokens`` on the device. Nothing here waits for the device."""
@@ -154,9 +161,13 @@ class Engine:
         positions = [p for r in reqs for p in range(r.cached_len, r.device_len)]
         rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
         last = [i - 1 for i in accumulate(r.extend_len for r in reqs)]  # each request's last token
+        plan = batch.logprob_plan = plan_logprobs(reqs, batch.is_prefill)
+        # a request that asks its prompt's log-probabilities needs the logits of all its tokens
+        every = plan is not None and len(plan.logits_rows) > len(reqs)
+        wanted = plan.logits_rows + plan.sample_rows if plan is not None and every else last
         # one copy, not four, from pinned memory on a GPU so that it does not wait for the device
         host = torch.tensor(
-            ids + positions + rows + last, dtype=torch.long, pin_memory=self.device.type == "cuda"
+            ids + positions + rows + wanted, dtype=torch.long, pin_memory=self.device.type == "cuda"
         )
         t = len(ids)
         flat = host.to(self.device, non_blocking=True)
@@ -165,7 +176,9 @@ class Engine:
         batch.out_loc = self.page_table[batch.table_rows, batch.positions].long()
         if t > len(reqs) and batch.phase != "verify":  # sample only each request's last
             # token; drafts to verify need the logits at every position
-            batch.logits_rows = flat[3 * t :]
+            batch.logits_rows = flat[3 * t : len(flat) - len(reqs) if every else len(flat)]
+            if every:
+                batch.sample_rows = flat[len(flat) - len(reqs) :]
         self.attn_backend.prepare_metadata(batch)
 
     @torch.inference_mode()
@@ -176,16 +189,28 @@ class Engine:
 
         Afterwards every request's new tokens count as cached (``cached_len = device_len``).
         ``mask_logits`` edits the logits [B, V] in place between the forward and the sampling:
-        structured output's bitmask, which the host fills while the forward runs.
+        structured output's bitmask, which the host fills while the forward runs. The rows that
+        ask have their penalties and logit bias applied next; the log-probabilities asked for
+        are left in ``batch.logprobs`` (on the device), as ``batch.logprob_plan`` lays them out.
         """
         logits, run = self._forward(batch)
         with self.timer.phase("sample"):
+            prompt_logits = logits  # every prompt token's, where a request asks its prompt's
+            if run.sample_rows is not None:
+                logits = logits[run.sample_rows]
             if mask_logits is not None:
                 mask_logits(logits)
+            penalties = self.penalties.prepare(batch)
+            if penalties is not None:
+                self.penalties.apply(logits, penalties)
             tokens = self.sampler.sample(logits, self.sampler.prepare(batch))
-            rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
-            self.last_tokens[rows[: batch.size]] = tokens  # the next forward reads them here
-            return tokens
+            if penalties is not None:
+                self.penalties.count(tokens, penalties)
+            batch.logprob_plan = run.logprob_plan  # a padded batch's plan is the batch's own
+            if run.logprob_plan is not None:
+                batch.logprobs = compute_logprobs(run.logprob_plan, logits, prompt_logits, tokens)
+            self.last_tokens[_sampled_table_rows(run)[: batch.size]] = tokens  # the next
+            return tokens  # forward reads them here
 
     @torch.inference_mode()
     def verify_logits(self, batch: Batch) -> torch.Tensor:
@@ -243,16 +268,19 @@ class Engine:
             with use_global_ctx(self.ctx), torch.inference_mode():
                 self.verify_runner.capture(self.prepare_batch)
 
-    def start_copy_to_host(self, tokens: torch.Tensor) -> HostTokens:
-        """Start copying sampled tokens to the host without waiting for them: on a GPU into
-        pinned memory, with an event recorded after the copy."""
+    def start_copy_to_host(
+        self, tokens: torch.Tensor, logprobs: DeviceLogprobs | None = None
+    ) -> HostTokens:
+        """Start copying sampled tokens (and the log-probabilities asked for) to the host
+        without waiting for them: on a GPU into pinned memory, with an event recorded after
+        the copy."""
         if self.device.type != "cuda":
-            return HostTokens(tokens)
-        host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-        host.copy_(tokens, non_blocking=True)
+            return HostTokens(tokens, logprobs=logprobs)
+        host = _pinned_copy(tokens)
+        host_logprobs = logprobs.map(_pinned_copy) if logprobs is not None else None
         copied = torch.cuda.Event()
         copied.record()
-        return HostTokens(host, copied)
+        return HostTokens(host, copied, host_logprobs)
 
     def shutdown(self) -> None:
         """Free the CUDA graphs (their memory pool goes with them) and let go of the KV cache,
@@ -269,11 +297,23 @@ class HostTokens:
 
     tokens: torch.Tensor  # [B]; on a GPU pinned host memory that the copy is still filling
     copied: torch.cuda.Event | None = None  # None: the tokens are there already (a CPU)
+    logprobs: DeviceLogprobs | None = None  # copied with them, where the batch asked
 
     def tolist(self) -> List[int]:
         if self.copied is not None:
             self.copied.synchronize()
         return self.tokens.tolist()
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    return host.copy_(t, non_blocking=True)
+
+
+def _sampled_table_rows(run: Batch) -> torch.Tensor:
+    """The page-table row of each request's sampled token."""
+    rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
+    return rows if run.sample_rows is None else rows[run.sample_rows]
 
 
 def _host_ids(req: Req) -> List[int]:

@@ -92,7 +92,10 @@ class LLM:
     ) -> List[Dict[str, Any]]:
         """One dict per prompt, in order: ``"text"`` (without the EOS that ended it, and without
         special tokens; None when the model has no tokenizer files), ``"token_ids"`` (every
-        generated token, the EOS that ended it too) and ``"prompt_token_ids"``.
+        generated token, the EOS that ended it too), ``"prompt_token_ids"`` and
+        ``"finish_reason"``; ``"logprobs"`` and ``"prompt_logprobs"`` (``Logprobs``) where the
+        parameters ask. ``"choices"`` holds the ``n`` choices, each with the same keys but the
+        prompt's; the keys outside it are choice 0's.
 
         A bad request raises a ValueError naming its field before any request runs."""
         if isinstance(prompts, str) or any(isinstance(p, int) for p in prompts):
@@ -114,14 +117,16 @@ class LLM:
                     one_params,
                     self.scheduler.engine.max_seq_len,
                     self.scheduler.engine.model_config.vocab_size,
+                    speculative=self.scheduler.speculator is not None,
                 )
                 self.scheduler.grammars.check(one_params)  # compiled now: none queued if bad
             except ValueError as e:
                 raise ValueError(f"request {i}: {e}") from e
         ids = [[int(t) for t in one_ids] for one_ids in ids]  # numpy's or torch's ints: int
-        reqs = [self.scheduler.add_req(i, p) for i, p in zip(ids, params)]
-        finished = self._run_until_idle(self._messages(reqs, ids, params))
-        return [self._result(r, finished[r]) for r in reqs]
+        choices = [self.scheduler.add_choices(i, p) for i, p in zip(ids, params)]
+        firsts = [reqs[0] for reqs in choices]
+        finished = self._run_until_idle(self._messages(firsts, ids, params))
+        return [self._result(reqs, finished) for reqs in choices]
 
     def _messages(
         self, reqs: List[Req], ids: List[List[int]], params: Sequence[SamplingParams]
@@ -170,7 +175,15 @@ class LLM:
             return self.tokenizer.encode(prompt) if prompt else []
         return list(prompt)  # checked before int(): a float or a bool is refused, not cast
 
-    def _result(self, req: Req, why: str) -> Dict[str, Any]:
+    def _result(self, reqs: List[Req], finished: Dict[Req, str]) -> Dict[str, Any]:
+        """A prompt's dict: choice 0's keys, the prompt's, and every choice under "choices"."""
+        choices = [self._choice(req, finished[req]) for req in reqs]
+        result = {**choices[0], "prompt_token_ids": list(reqs[0].input_ids), "choices": choices}
+        if reqs[0].prompt_logprobs is not None:
+            result["prompt_logprobs"] = reqs[0].prompt_logprobs
+        return result
+
+    def _choice(self, req: Req, why: str) -> Dict[str, Any]:
         ids = req.output_ids
         ended_at_eos = why == "eos"
         # drop the EOS itself, even one that is not a special token; then any special token
@@ -179,11 +192,10 @@ class LLM:
             if self.has_tokenizer
             else None
         )  # None: config.json alone, no tokenizer
-        return {
-            "text": text,
-            "token_ids": list(req.output_ids),
-            "prompt_token_ids": list(req.input_ids),
-        }
+        choice = {"text": text, "token_ids": list(ids), "finish_reason": why}
+        if req.output_logprobs is not None:
+            choice["logprobs"] = req.output_logprobs
+        return choice
 
 
 def _our_names(options: Dict[str, Any]) -> Dict[str, Any]:

@@ -42,6 +42,7 @@ class AbortBackendMsg(BaseBackendMsg):
     """Stop the request now and give back its pages (its client left, or a stop string)."""
 
     uid: int
+    index: int | None = None  # one of its n choices (a stop string); None: every choice
 
 
 @dataclass

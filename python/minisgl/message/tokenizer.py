@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List
 
-from minisgl.core import SamplingParams
+from minisgl.core import Logprobs, SamplingParams
 
 from .backend import ExitMsg
 from .utils import classes_by_name, from_dict, to_dict
@@ -36,6 +36,7 @@ class TokenizeMsg(BaseTokenizerMsg):
     text: str | List[int] | List[Dict[str, str]]  # a prompt, its token ids, or chat messages
     sampling_params: SamplingParams
     stop: List[str] = field(default_factory=list)  # strings that end the reply, cut from it
+    echo: bool = False  # the reply starts with the prompt's text (completions' echo)
 
 
 @dataclass
@@ -47,6 +48,9 @@ class DetokenizeMsg(BaseTokenizerMsg):
     finished: bool
     finish_reason: str = ""  # once finished: "length", "stop" (an EOS) or "error"
     error: str = ""  # why the scheduler refused the request
+    index: int = 0  # which of the request's n choices
+    logprobs: Logprobs | None = None  # the token's entry, where the request asks
+    prompt_logprobs: Logprobs | None = None  # with a choice's first token, where it asks
 
 
 @dataclass
@@ -57,5 +61,5 @@ class AbortMsg(BaseTokenizerMsg):
 
 
 _CLASSES = classes_by_name(
-    BatchTokenizerMsg, TokenizeMsg, DetokenizeMsg, AbortMsg, ExitMsg, SamplingParams
+    BatchTokenizerMsg, TokenizeMsg, DetokenizeMsg, AbortMsg, ExitMsg, SamplingParams, Logprobs
 )

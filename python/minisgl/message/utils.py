@@ -1,5 +1,7 @@
 """Messages as plain data: a dataclass becomes a dict tagged with its class name, a 1-D tensor
-becomes its bytes and dtype, and back. ``utils/mp.py`` msgpacks these dicts over ZMQ."""
+becomes its bytes and dtype, a dict whose keys are not all strings becomes the list of its items
+(msgpack reads back string keys only), and back. ``utils/mp.py`` msgpacks these dicts over
+ZMQ."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ def to_dict(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [to_dict(v) for v in obj]  # msgpack has one sequence type: a tuple comes back a list
     if isinstance(obj, dict):
-        return {k: to_dict(v) for k, v in obj.items()}
+        if all(isinstance(k, str) for k in obj):
+            return {k: to_dict(v) for k, v in obj.items()}
+        return {"__type__": "dict", "items": [[to_dict(k), to_dict(v)] for k, v in obj.items()]}
     if isinstance(obj, torch.Tensor):
         return _tensor_to_dict(obj)
     if dataclasses.is_dataclass(obj):
@@ -39,6 +43,8 @@ def from_dict(data: Any, classes: Dict[str, Type]) -> Any:
     name = data["__type__"]
     if name == "Tensor":
         return _tensor_from_dict(data)
+    if name == "dict":  # a logit_bias: token id -> bias
+        return {from_dict(k, classes): from_dict(v, classes) for k, v in data["items"]}
     if name not in classes:
         raise TypeError(f"unexpected message type {name!r}; expected one of {sorted(classes)}")
     fields = {k: from_dict(v, classes) for k, v in data.items() if k != "__type__"}

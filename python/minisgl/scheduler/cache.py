@@ -45,7 +45,11 @@ class CacheManager:
         return self._num_free + self.prefix_cache.size_info.evictable_size // self.page_size
 
     def match_req(self, req: Req) -> BaseCacheHandle:
-        """The cached prefix of the prompt, short of its last token (whose logits we need)."""
+        """The cached prefix of the prompt, short of its last token (whose logits we need). A
+        request that asks its prompt's log-probabilities matches nothing: a cached prefix has
+        K and V but no logits, and each of its positions needs its own."""
+        if req.needs_prompt_logits:
+            return self.prefix_cache.match_prefix([])
         return self.prefix_cache.match_prefix(req.input_ids[:-1])
 
     def lock(self, handle: BaseCacheHandle) -> None:

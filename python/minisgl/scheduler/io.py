@@ -88,7 +88,8 @@ class FollowerIO:
 @dataclass
 class _Running:
     uid: int  # the frontend's id of the request
-    req: Req  # the scheduler's
+    req: Req  # the scheduler's: one choice of the request
+    index: int = 0  # which choice
     sent: int = 0  # output tokens already sent to the detokenizer
 
 
@@ -96,14 +97,14 @@ class SchedulerLoop:
     """Messages in, one scheduler step, new tokens out; again and again until an exit message.
 
     The frontend names a request by its own ``uid``; the scheduler numbers its ``Req``s itself,
-    so the loop keeps the map between the two while the request runs.
+    one a choice, so the loop keeps the map between the two while the request runs.
     """
 
     def __init__(self, scheduler: Scheduler, after_step: Callable[[Scheduler], None] | None = None):
         self.scheduler = scheduler
         self.after_step = after_step  # e.g. the server's gauges, written after every step
-        self._by_uid: Dict[int, _Running] = {}  # frontend uid -> running request
-        self._by_req: Dict[int, _Running] = {}  # Req.uid -> running request
+        self._by_uid: Dict[int, List[_Running]] = {}  # frontend uid -> its running choices
+        self._by_req: Dict[int, _Running] = {}  # Req.uid -> running choice
 
     def run(self, io: SchedulerIO | FollowerIO) -> None:
         while True:
@@ -117,12 +118,14 @@ class SchedulerLoop:
         """Queue a request or abort one; a refused request's error message to send back."""
         if isinstance(msg, UserMsg):
             try:
-                req = self.scheduler.add_req(msg.input_ids.tolist(), msg.sampling_params)
+                reqs = self.scheduler.add_choices(msg.input_ids.tolist(), msg.sampling_params)
             except ValueError as e:
                 return [DetokenizeMsg(msg.uid, -1, True, finish_reason="error", error=str(e))]
-            self._by_uid[msg.uid] = self._by_req[req.uid] = _Running(msg.uid, req)
+            runs = [_Running(msg.uid, req, i) for i, req in enumerate(reqs)]
+            self._by_uid[msg.uid] = runs
+            self._by_req.update((run.req.uid, run) for run in runs)
         elif isinstance(msg, AbortBackendMsg):
-            self.abort(msg.uid)
+            self.abort(msg.uid, msg.index)
         else:
             raise TypeError(f"the scheduler cannot handle {type(msg).__name__}")
         return []
@@ -138,15 +141,21 @@ class SchedulerLoop:
             self.scheduler.cache_manager.check_integrity()
         return self._new_tokens(out)
 
-    def abort(self, uid: int) -> None:
-        """Drop the request wherever it is (waiting, mid-prefill, decoding, in a launched batch)
-        and give back its row and pages, as if it had finished; its computed prefix stays in
-        the prefix cache."""
-        run = self._by_uid.pop(uid, None)
-        if run is None:
-            return  # finished already, or refused
+    def abort(self, uid: int, index: int | None = None) -> None:
+        """Drop the request's choices (``index``: that one only) wherever they are (waiting,
+        mid-prefill, decoding, in a launched batch) and give back their rows and pages, as if
+        they had finished; their computed prefix stays in the prefix cache."""
+        for run in list(self._by_uid.get(uid, [])):  # none: finished already, or refused
+            if index is None or run.index == index:
+                self._forget(run)
+                self.scheduler.abort(run.req)  # with overlap, once the batch in flight is done
+
+    def _forget(self, run: _Running) -> None:
         del self._by_req[run.req.uid]
-        self.scheduler.abort(run.req)  # with overlap, once the batch in flight is done
+        runs = self._by_uid[run.uid]
+        runs.remove(run)
+        if not runs:
+            del self._by_uid[run.uid]
 
     def _new_tokens(self, out: StepOutput) -> List[DetokenizeMsg]:
         finished = {req.uid: why for req, why in out.finished.items()}
@@ -156,15 +165,26 @@ class SchedulerLoop:
             new = run.req.output_ids[run.sent :]  # one token, or none for a chunk of a prompt
             for i, token in enumerate(new):
                 last = done and i == len(new) - 1
-                msgs.append(
-                    DetokenizeMsg(
-                        run.uid, token, last, _api_reason(finished[req_uid]) if last else ""
-                    )
+                msg = DetokenizeMsg(
+                    run.uid, token, last, _api_reason(finished[req_uid]) if last else ""
                 )
+                msgs.append(_with_logprobs(msg, run, run.sent + i))
             run.sent = len(run.req.output_ids)
             if done:
-                del self._by_uid[run.uid], self._by_req[req_uid]
+                self._forget(run)
         return msgs
+
+
+def _with_logprobs(msg: DetokenizeMsg, run: _Running, position: int) -> DetokenizeMsg:
+    """The message of the choice's output token at ``position``, with its index and the
+    log-probabilities its request asks for: the token's entry, and with the first token the
+    prompt's."""
+    msg.index, req = run.index, run.req
+    if req.output_logprobs is not None:
+        msg.logprobs = req.output_logprobs.slice(position, position + 1)
+    if position == 0 and req.prompt_logprobs is not None:
+        msg.prompt_logprobs = req.prompt_logprobs
+    return msg
 
 
 def _api_reason(why: str) -> str:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List
+from typing import Dict, List
 
 from minisgl.core import Batch, Req
 
@@ -22,6 +22,10 @@ class PrefillManager:
     reserved), until its last chunk has run; only then is its first token sampled. So no
     forward runs more than ``budget`` tokens, however long the prompt: the activations' memory
     and the time of one step stay bounded.
+
+    The choices of a request with n > 1 share one prompt: choice 0 runs it, and the others are
+    held (``held``) until its prompt is in the prefix cache, so that they match its pages and
+    run only the rest.
     """
 
     cache_manager: CacheManager
@@ -29,9 +33,28 @@ class PrefillManager:
     decode_manager: DecodeManager
     page_size: int
     waiting: List[Req] = field(default_factory=list)
+    held: Dict[Req, Req] = field(default_factory=dict)  # a choice -> the choice it waits for
 
-    def add_req(self, req: Req) -> None:
+    def add_req(self, req: Req, after: Req | None = None) -> None:
+        """Queue the request; with ``after``, hold it until ``release(after)``."""
         self.waiting.append(req)
+        if after is not None:
+            self.held[req] = after
+
+    def release(self, first: Req) -> None:
+        """``first``'s prompt is in the prefix cache, or ``first`` is gone: the choices held
+        for it may run, and take its prompt's log-probabilities rather than compute them."""
+        if not self.held:
+            return
+        for req in [r for r, after in self.held.items() if after is first]:
+            del self.held[req]
+            if req.needs_prompt_logits and not first.needs_prompt_logits:
+                req.prompt_logprobs = first.prompt_logprobs
+
+    def remove(self, req: Req) -> None:
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.held.pop(req, None)
 
     @property
     def runnable(self) -> bool:
@@ -48,6 +71,8 @@ class PrefillManager:
         for req in self.waiting:
             if budget <= 0:
                 break
+            if req in self.held:
+                continue  # its prompt comes through the prefix cache, once another has run it
             if req.table_idx < 0:
                 needed = self._try_admit(req, reserved)
                 if needed is None:

@@ -10,6 +10,7 @@ import torch
 
 from minisgl.core import Batch, Req, SamplingParams
 from minisgl.engine.engine import Engine, HostTokens
+from minisgl.engine.logprobs import RequestLogprobs, by_request
 from minisgl.env import disable_overlap_scheduling
 from minisgl.kvcache import create_prefix_cache
 from minisgl.utils.hf import read_generation_config, read_hf_config
@@ -76,14 +77,30 @@ class Scheduler:
 
     def add_req(self, input_ids: Sequence[int], params: SamplingParams) -> Req:
         """Queue a request; a ValueError naming the field if it is bad (nothing is queued)."""
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: a request of several choices goes to add_choices")
+        return self.add_choices(input_ids, params)[0]
+
+    def add_choices(self, input_ids: Sequence[int], params: SamplingParams) -> List[Req]:
+        """Queue a request's ``n`` choices, choice i with its own seed (``for_choice``); a
+        ValueError naming the field if it is bad (nothing is queued). Choice 0 runs the prompt;
+        the others wait until it is in the prefix cache, then share its pages."""
         params = check_request(
-            input_ids, params, self.engine.max_seq_len, self.engine.model_config.vocab_size
+            input_ids,
+            params,
+            self.engine.max_seq_len,
+            self.engine.model_config.vocab_size,
+            speculative=self.speculator is not None,
         )
-        req = Req(self._next_uid, list(input_ids), params)
-        self.grammars.add(req)  # structured output: compiled before it is queued
-        self._next_uid += 1
-        self.prefill_manager.add_req(req)
-        return req
+        reqs = [
+            Req(self._next_uid + i, list(input_ids), params.for_choice(i)) for i in range(params.n)
+        ]
+        for req in reqs:
+            self.grammars.add(req)  # structured output: compiled before it is queued
+        self._next_uid += len(reqs)
+        for req in reqs:
+            self.prefill_manager.add_req(req, after=reqs[0] if req is not reqs[0] else None)
+        return reqs
 
     @property
     def waiting(self) -> List[Req]:
@@ -129,9 +146,10 @@ class Scheduler:
 
     def abort(self, req: Req) -> None:
         """Drop the request wherever it is (waiting, mid-prefill, decoding) and give back its
-        row and pages as if it had finished, once; its computed prefix stays in the cache."""
-        if req in self.prefill_manager.waiting:
-            self.prefill_manager.waiting.remove(req)
+        row and pages as if it had finished, once; its computed prefix stays in the cache.
+        Choices held for it run without it."""
+        self.prefill_manager.remove(req)
+        self.prefill_manager.release(req)
         self.decode_manager.remove_req(req)
         if req.table_idx >= 0 and req not in self._released:  # admitted, not released yet
             self._release(req, finished=True)
@@ -166,7 +184,8 @@ class Scheduler:
                 r for r, got_token in zip(batch.reqs, sampled) if got_token and r.can_decode
             )
         self.decode_manager.remove_done()  # max_tokens: known now, before the tokens are back
-        return Launched(batch, extend_lens, sampled, self.engine.start_copy_to_host(next_tokens))
+        tokens = self.engine.start_copy_to_host(next_tokens, batch.logprobs)
+        return Launched(batch, extend_lens, sampled, tokens)
 
     def _launch_speculative(self, batch: Batch) -> Launched:
         """A decode step with drafts, run to its end: the next step's positions
@@ -189,12 +208,15 @@ class Scheduler:
             released, self._released = self._released, set()
             delivered: List[Tuple[int, int]] = []
             finished_reqs: Dict[Req, str] = {}
-            for req, run, got_token, n in zip(
-                done.batch.reqs, runs, done.sampled, done.extend_lens
+            logprobs = self._logprobs(done)
+            for i, (req, run, got_token, n) in enumerate(
+                zip(done.batch.reqs, runs, done.sampled, done.extend_lens)
             ):
                 if req in released:
                     continue  # finished or aborted after this batch was launched: drop it
                 delivered.append((req.uid, n))
+                if logprobs is not None:
+                    _record(req, i, run, got_token, logprobs)
                 if not got_token:
                     continue  # a chunk of a prompt: no token yet, the next chunk follows
                 if reason := self._append_run(req, run):
@@ -205,6 +227,11 @@ class Scheduler:
                     self._release(req, finished=False)
         uids, extend_lens = [u for u, _ in delivered], [n for _, n in delivered]
         return StepOutput(done.batch.phase, uids, extend_lens, finished_reqs)
+
+    def _logprobs(self, done: Launched) -> RequestLogprobs | None:
+        """The batch's log-probabilities by request (its tokens are on the host already)."""
+        plan, host = done.batch.logprob_plan, done.tokens.logprobs
+        return None if plan is None or host is None else by_request(done.batch.reqs, plan, host)
 
     def _append_run(self, req: Req, run: List[int]) -> str | None:
         """Append the request's new tokens until one finishes it (EOS, max_tokens, the
@@ -243,12 +270,22 @@ class Scheduler:
 
     def _cache(self, req: Req, finished: bool) -> None:
         self.cache_manager.cache_req(req, finished=finished)
+        self.prefill_manager.release(req)  # its prompt is cached: its other choices may run
         if finished:
             self.grammars.remove(req)
             if self.speculator is not None:
                 self.speculator.remove(req)
             self.table_manager.free(req.table_idx)
             req.table_idx = -1  # released: an abort that comes later finds nothing to give back
+
+
+def _record(req: Req, i: int, run: List[int], got_token: bool, logprobs: RequestLogprobs) -> None:
+    """Request i's share of its batch's log-probabilities: its prompt chunk's entries, and the
+    entry of the token it sampled (``run[0]``, which the host appends next)."""
+    if i in logprobs.prompt and req.prompt_logprobs is not None:
+        req.prompt_logprobs.extend(logprobs.prompt[i])
+    if got_token and i in logprobs.sampled and req.output_logprobs is not None:
+        req.output_logprobs.append(run[0], *logprobs.sampled[i])
 
 
 def _use_overlap(config: SchedulerConfig, device: torch.device) -> bool:

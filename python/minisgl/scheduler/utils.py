@@ -16,10 +16,15 @@ def pages_to_finish(req: Req, page_size: int) -> int:
 
 
 def check_request(
-    input_ids: Sequence[int], params: SamplingParams, max_seq_len: int, vocab_size: int
+    input_ids: Sequence[int],
+    params: SamplingParams,
+    max_seq_len: int,
+    vocab_size: int,
+    speculative: bool = False,
 ) -> SamplingParams:
     """A ValueError naming what is wrong with a request; else its sampling parameters, with
-    max_tokens cut to what the context leaves after the prompt."""
+    max_tokens cut to what the context leaves after the prompt. ``speculative``: the engine
+    verifies drafts, whose logits pass no penalty and report no log-probabilities."""
     if len(input_ids) == 0:
         raise ValueError("the prompt is empty: input_ids needs at least one token")
     if len(input_ids) >= max_seq_len:
@@ -33,6 +38,13 @@ def check_request(
                 f"input_ids[{i}] is {token!r}: a token id is an int in [0, vocab_size={vocab_size})"
             )
     params.validate()
+    for token in params.logit_bias or {}:
+        if token >= vocab_size:
+            raise ValueError(f"logit_bias names token {token}: token ids are < {vocab_size}")
+    if speculative and (params.logprobs is not None or params.has_penalties):
+        raise ValueError(
+            "logprobs, penalties and logit_bias are not served with speculative decoding"
+        )
     return replace(params, max_tokens=min(params.max_tokens, max_seq_len - len(input_ids)))
 
 

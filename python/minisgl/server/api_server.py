@@ -3,8 +3,9 @@ API key, the Prometheus metrics, the frontend's end of the queues to the tokeniz
 uvicorn's server with a bounded shutdown.
 
 A request's path: the route checks it and makes its ``SamplingParams``; ``Frontend.generate``
-sends a ``TokenizeMsg`` and yields the ``UserReply`` pieces the detokenizer sends back, which the
-route returns whole (JSON) or one by one (server-sent events, ending with ``data: [DONE]``).
+sends a ``TokenizeMsg`` and yields the ``UserReply`` pieces the detokenizer sends back, for each
+of the request's ``n`` choices, which the route returns whole (JSON) or one by one (server-sent
+events, ending with ``data: [DONE]``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import secrets
 import time
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Dict, List, Sequence, Tuple
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -34,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt
 from starlette.exceptions import HTTPException
 
 from minisgl.core import SamplingParams
+from minisgl.function_call import ToolCallFormat
 from minisgl.message import (
     AbortMsg,
     BaseFrontendMsg,
@@ -45,7 +47,19 @@ from minisgl.message import (
 from minisgl.utils.logger import init_logger
 from minisgl.utils.mp import ZmqAsyncPullQueue, ZmqAsyncPushQueue
 
-from .args import ServerArgs
+from .args import ServerArgs, served_model_name
+from .choices import Choice, Stretch, rendered_logprobs
+from .lark import ebnf_of
+from .protocol import (
+    RequestError,
+    check_model,
+    has_tool_turns,
+    max_model_len,
+    messages_of,
+    model_card,
+    prompts_of,
+)
+from .tool_calls import ChatChoice, ToolRequest, ToolTemplates, tools_of
 
 if TYPE_CHECKING:
     from .launch import SchedulerStats
@@ -63,9 +77,11 @@ class APIError(Exception):
         message: str,
         kind: str = "invalid_request_error",
         param: str | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
+        self.code = code  # OpenAI's error code ("model_not_found"); None: the status
 
     def body(self) -> Dict[str, Any]:
         return {
@@ -73,7 +89,7 @@ class APIError(Exception):
                 "message": self.message,
                 "type": self.kind,
                 "param": self.param,
-                "code": self.status,
+                "code": self.status if self.code is None else self.code,
             }
         }
 
@@ -98,6 +114,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
+
+    @app.exception_handler(RequestError)
+    async def refused(_: Request, exc: RequestError) -> JSONResponse:
+        return APIError(exc.status, str(exc), param=exc.param, code=exc.code).response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -138,36 +158,47 @@ class _Sampling(BaseModel):
     response_format: Dict[str, Any] | None = None
     regex: str | None = None
     ebnf: str | None = None
+    n: StrictInt = 1  # choices
+    # penalties and bias: OpenAI's, and SGLang's and vLLM's repetition_penalty
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    repetition_penalty: float | None = 1.0
+    logit_bias: Dict[str, float] | None = None  # token id (a string in JSON) -> bias
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | List[StrictInt]  # text, or token ids
+    prompt: Any  # text, token ids, or a batch of either: prompts_of reads it
     max_tokens: StrictInt | None = 16  # OpenAI's default for completions
+    logprobs: StrictInt | None = None  # k: each token's and its k most likely (0: none)
+    echo: bool = False  # the prompt first, its log-probabilities too with logprobs
 
 
 class ChatRequest(_Sampling):
     messages: List[Dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = None  # the newer name of max_tokens
+    logprobs: bool | None = False
+    top_logprobs: StrictInt | None = None  # with logprobs: k alternatives a token
+    tools: Any = None  # checked by tools_of
+    tool_choice: Any = None
 
 
 UNSUPPORTED: Dict[str, tuple] = {  # parameter -> the values that ask for nothing
-    "n": (None, 1),
     "best_of": (None, 1),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "echo": (None, False),
     "suffix": (None, ""),
     "tools": (None, []),
     "tool_choice": (None, "none"),
     "functions": (None, []),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
 }
 
 
-def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
-    """The request's ``SamplingParams``; an APIError naming the parameter it cannot honour."""
+def sampling_params(
+    req: _Sampling,
+    max_tokens: int | None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> SamplingParams:
+    """The request's ``SamplingParams``, with the log-probabilities its endpoint asks for; an
+    APIError naming the parameter it cannot honour."""
     for name, value in (req.model_extra or {}).items():
         if name in UNSUPPORTED and value not in UNSUPPORTED[name]:
             raise APIError(400, f"{name}={value!r} is not supported by this server", param=name)
@@ -183,16 +214,41 @@ def sampling_params(req: _Sampling, max_tokens: int | None) -> SamplingParams:
             ignore_eos=req.ignore_eos,
             seed=req.seed,
             **constraint,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            n=req.n,
+            presence_penalty=_or(req.presence_penalty, 0.0),
+            frequency_penalty=_or(req.frequency_penalty, 0.0),
+            repetition_penalty=_or(req.repetition_penalty, 1.0),
+            logit_bias=req.logit_bias,
         )
     except ValueError as e:
         raise APIError(400, str(e), param=str(e).split()[0]) from None
 
 
+def _or(value: float | None, default: float) -> float:
+    return default if value is None else value  # a client may send null for "no penalty"
+
+
+def chat_top_logprobs(req: ChatRequest) -> int | None:
+    """What the chat request asks: None (no log-probabilities), or k alternatives a token."""
+    if not req.logprobs:
+        if req.top_logprobs:  # OpenAI: top_logprobs needs logprobs
+            raise APIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return None
+    return req.top_logprobs or 0
+
+
 def constraint_fields(req: _Sampling) -> Dict[str, str]:
     """The request's constraint as ``SamplingParams`` fields: response_format's JSON schema
-    (json_object: any JSON object), or regex, or ebnf; at most one of them."""
+    (json_object: any JSON object), or regex, or ebnf (GBNF, or guidance's Lark translated);
+    at most one of them."""
+    try:
+        ebnf = ebnf_of(req.ebnf)
+    except ValueError as e:
+        raise APIError(400, f"ebnf: {e}", param="ebnf") from None
     fields = {
-        name: text for name, text in (("regex", req.regex), ("ebnf", req.ebnf)) if text is not None
+        name: text for name, text in (("regex", req.regex), ("ebnf", ebnf)) if text is not None
     }
     schema = json_schema_of(req.response_format)
     if schema is not None:
@@ -367,16 +423,19 @@ class Frontend:
         text: str | Sequence[int] | List[Dict[str, Any]],
         params: SamplingParams,
         stop: List[str],
+        echo: bool = False,
     ) -> AsyncIterator[UserReply]:
-        """One request's reply pieces, the last one ``finished``. An APIError if the request is
-        refused (400) or a worker dies (503). Left early (the client went away), it aborts the
-        request, so the scheduler frees its pages."""
+        """One request's reply pieces, each naming its choice (``index``), until every one of
+        the ``n`` choices has had its ``finished`` piece. An APIError if the request is refused
+        (400) or a worker dies (503). Left early (the client went away), it aborts the request,
+        so the scheduler frees its pages."""
         self._check_alive()
         uid, queue, timing = next(self._uids), asyncio.Queue(), Timing()
         self._waiting[uid] = queue
+        running = params.n
         finished = False
         try:
-            await self._send.put(TokenizeMsg(uid, text, params, stop))
+            await self._send.put(TokenizeMsg(uid, text, params, stop, echo))
             while not finished:
                 reply = await queue.get()
                 if reply is None:
@@ -384,7 +443,8 @@ class Frontend:
                 assert reply is not None
                 if reply.error:
                     raise APIError(400, reply.error)
-                finished = reply.finished
+                running -= reply.finished
+                finished = running == 0
                 self._time(timing, reply)
                 yield reply
         finally:
@@ -423,55 +483,110 @@ class Frontend:
 # ---------------------------------------------------------------- replies
 @dataclass
 class ReplyFormat:
-    """How one endpoint writes its replies: a text completion, or a chat message."""
+    """How one endpoint writes its replies: text completions, or chat messages (with tools, the
+    calls their text holds); ``n`` choices for each prompt, the ``n`` of prompt ``p`` at indices
+    ``p * n`` to ``p * n + n - 1``; with or without log-probabilities, echo (completions), or the
+    output (``max_tokens: 0``)."""
 
     chat: bool
     model: str
+    n: int = 1
+    logprobs: bool = False  # the request asked for log-probabilities
+    echo: bool = False  # completions: each choice starts with the prompt
+    drop_output: bool = False  # max_tokens 0: the prompt alone, scored
+    tools: ToolRequest | None = None
+    tool_format: ToolCallFormat | None = None
     id: str = field(default_factory=lambda: secrets.token_hex(12))
     created: int = field(default_factory=lambda: int(time.time()))
 
-    def _envelope(self, obj: str, choice: Dict[str, Any]) -> Dict[str, Any]:
+    def choices(self, num_prompts: int) -> List[Choice]:
+        return [Choice(i, self.echo, self.drop_output) for i in range(num_prompts * self.n)]
+
+    def chat_choice(self) -> ChatChoice:
+        return ChatChoice(self.tools, self.tool_format)
+
+    def _envelope(self, obj: str, choices: List[Dict[str, Any]]) -> Dict[str, Any]:
         prefix = "chatcmpl-" if self.chat else "cmpl-"
         return {
             "id": prefix + self.id,
             "object": obj,
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, **choice}],
+            "choices": choices,
         }
 
-    def whole(self, text: str, finish_reason: str, usage: Dict[str, int]) -> Dict[str, Any]:
-        choice = (
-            {"message": {"role": "assistant", "content": text}}
-            if self.chat
-            else {"text": text, "logprobs": None}
-        )
-        obj = "chat.completion" if self.chat else "text_completion"
-        return {**self._envelope(obj, {**choice, "finish_reason": finish_reason}), "usage": usage}
+    def _logprobs(self, stretches: List[Stretch]) -> Dict[str, Any] | None:
+        return rendered_logprobs(stretches, self.chat) if self.logprobs else None
 
-    def chunk(
-        self, piece: str | None, finish_reason: str | None, role: bool = False
-    ) -> Dict[str, Any]:
+    def whole(self, choices: List[Choice], usage: Dict[str, int]) -> Dict[str, Any]:
+        obj = "chat.completion" if self.chat else "text_completion"
+        return {**self._envelope(obj, [self._whole(c) for c in choices]), "usage": usage}
+
+    def _whole(self, c: Choice) -> Dict[str, Any]:
+        reason = c.finish_reason
         if self.chat:
-            delta = {"role": "assistant", "content": ""} if role else {"content": piece}
-            return self._envelope(
-                "chat.completion.chunk",
-                {"delta": delta if piece or role else {}, "finish_reason": finish_reason},
+            chat = self.chat_choice()
+            shown = {"message": chat.message(c.text)}
+            reason = chat.finish_reason(reason)  # type: ignore[arg-type]
+        else:
+            shown = {"text": c.text}
+        return {
+            "index": c.index,
+            **shown,
+            "logprobs": self._logprobs(c.stretches),
+            "finish_reason": reason,
+        }
+
+    def chunks(self, choice: Choice, chat: ChatChoice, reply: UserReply) -> List[Dict[str, Any]]:
+        """One reply piece of ``choice`` as chunks, the last carrying the finish reason. Chat: a
+        piece may give no delta (text held: it may begin a call), or several; the piece's
+        log-probabilities go with its first chunk."""
+        piece = choice.add(reply)
+        logprobs = self._logprobs(piece.stretches)
+        reason = choice.finish_reason if reply.finished else None
+        if not self.chat:
+            if not (piece.text or piece.stretches or reply.finished):
+                return []
+            text = {"text": piece.text, "logprobs": logprobs, "finish_reason": reason}
+            return [self._chunk({"index": choice.index, **text})]
+        deltas = chat.deltas(piece.text)
+        if reply.finished:
+            deltas += chat.finish()
+            reason = chat.finish_reason(reason)  # type: ignore[arg-type]
+        if not deltas and (reply.finished or piece.stretches):
+            deltas = [{}]
+        last = len(deltas) - 1
+        return [
+            self._chunk(
+                {
+                    "index": choice.index,
+                    "delta": d,
+                    "logprobs": logprobs if i == 0 else None,
+                    "finish_reason": reason if i == last else None,
+                }
             )
-        return self._envelope(
-            "text_completion",
-            {"text": piece or "", "logprobs": None, "finish_reason": finish_reason},
+            for i, d in enumerate(deltas)
+        ]
+
+    def role_chunk(self, index: int) -> Dict[str, Any]:
+        delta = {"role": "assistant", "content": ""}
+        return self._chunk(
+            {"index": index, "delta": delta, "logprobs": None, "finish_reason": None}
         )
+
+    def _chunk(self, choice: Dict[str, Any]) -> Dict[str, Any]:
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [choice])
 
     def usage_chunk(self, usage: Dict[str, int]) -> Dict[str, Any]:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {**self._envelope(obj, {}), "choices": [], "usage": usage}
+        return {**self._chunk({}), "choices": [], "usage": usage}
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
-    """``completion_tokens`` is the number of token ids the reply's pieces carry: every token
-    generated, EOS included, or after a stop string the tokens up to and including the one
-    whose text completed it (the detokenizer's rule), streamed or not, whatever the timing."""
+    """``completion_tokens`` is the number of token ids the reply's pieces carry, over every
+    choice: every token generated, EOS included, or after a stop string the tokens up to and
+    including the one whose text completed it (the detokenizer's rule), streamed or not,
+    whatever the timing. A prompt counts once however many choices it has; a batch's usage is
+    the sum over its prompts."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -479,46 +594,131 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> Dict[str, int]:
     }
 
 
-def _sse(data: Any) -> str:
+def sse(data: Any) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+async def all_of(coros: Sequence[Any]) -> List[Any]:
+    """``asyncio.gather``, except that when one fails (a refused prompt) or the whole is
+    cancelled (the client left), the others are cancelled and waited for: their requests are
+    aborted now, not when they would have finished."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
+async def first_pieces(streams: Sequence[AsyncIterator[UserReply]]) -> List[UserReply]:
+    """Every prompt's first piece; if one is refused, every stream is closed (and aborted)."""
+    try:
+        return await all_of([anext(s) for s in streams])
+    except BaseException:
+        for s in streams:
+            await s.aclose()  # type: ignore[attr-defined]
+        raise
+
+
+async def merged(
+    firsts: Sequence[UserReply], streams: Sequence[AsyncIterator[UserReply]]
+) -> AsyncIterator[Tuple[int, UserReply]]:
+    """Every prompt's pieces as they come, with the prompt's index; a stream ends after the last
+    of its choices. One stream is read in place; several by a task each, so that none waits for
+    another. Left early, each is closed."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as replies:  # type: ignore[type-var]
+            yield 0, firsts[0]
+            async for reply in replies:
+                yield 0, reply
+        return
+    queue: asyncio.Queue[Tuple[int, UserReply | APIError | None]] = asyncio.Queue()
+    tasks = [
+        asyncio.ensure_future(_pump(i, f, s, queue))
+        for i, (f, s) in enumerate(zip(firsts, streams))
+    ]
+    try:
+        live = len(tasks)
+        while live:
+            index, item = await queue.get()
+            if isinstance(item, APIError):
+                raise item
+            if item is None:  # that stream is over
+                live -= 1
+                continue
+            yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()  # no await: we may be cancelled; each task closes its stream
+
+
+async def _pump(
+    index: int,
+    reply: UserReply,
+    replies: AsyncIterator[UserReply],
+    queue: asyncio.Queue[Tuple[int, UserReply | APIError | None]],
+) -> None:
+    try:
+        queue.put_nowait((index, reply))
+        async for reply in replies:
+            queue.put_nowait((index, reply))
+        queue.put_nowait((index, None))
+    except APIError as e:
+        queue.put_nowait((index, e))
+    finally:
+        await replies.aclose()  # type: ignore[attr-defined]
+
+
 async def stream_events(
-    first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat, include_usage: bool
+    firsts: List[UserReply],
+    streams: Sequence[AsyncIterator[UserReply]],
+    fmt: ReplyFormat,
+    include_usage: bool,
 ) -> AsyncIterator[str]:
-    """The reply as server-sent events: a chunk per non-empty piece, the finish reason on the
-    last, then ``data: [DONE]``. A worker dying mid-stream ends it with an error event."""
-    async with aclosing(replies):
-        if fmt.chat:
-            yield _sse(fmt.chunk(None, None, role=True))
-        reply, completion_tokens = first, 0
+    """The reply as server-sent events: chunks of each choice as its pieces come, the finish
+    reason on a choice's last, then ``data: [DONE]``. A worker dying mid-stream ends it with an
+    error event."""
+    choices = fmt.choices(len(streams))
+    chats = [fmt.chat_choice() for _ in choices]
+    if fmt.chat:
+        for choice in choices:
+            yield sse(fmt.role_chunk(choice.index))
+    pieces = merged(firsts, streams)
+    async with aclosing(pieces):  # type: ignore[type-var]
         try:
-            while True:
-                completion_tokens += len(reply.token_ids)
-                if reply.incremental_output or reply.finished:
-                    yield _sse(fmt.chunk(reply.incremental_output, reply.finish_reason or None))
-                if reply.finished:
-                    break
-                reply = await anext(replies)
+            async for prompt, reply in pieces:
+                i = prompt * fmt.n + reply.index
+                for chunk in fmt.chunks(choices[i], chats[i], reply):
+                    yield sse(chunk)
         except APIError as e:
-            yield _sse(e.body())
+            yield sse(e.body())
             return
-        if include_usage:
-            yield _sse(fmt.usage_chunk(_usage(first.num_prompt_tokens, completion_tokens)))
-        yield "data: [DONE]\n\n"
+    if include_usage:
+        prompt_tokens = sum(f.num_prompt_tokens for f in firsts)
+        completion_tokens = sum(c.num_tokens for c in choices)
+        yield sse(fmt.usage_chunk(_usage(prompt_tokens, completion_tokens)))
+    yield "data: [DONE]\n\n"
+
+
+async def all_pieces(replies: AsyncIterator[UserReply]) -> List[UserReply]:
+    """One prompt's pieces, every choice's, to the last."""
+    async with aclosing(replies):  # type: ignore[type-var]
+        return [reply async for reply in replies]
 
 
 async def whole_reply(
-    first: UserReply, replies: AsyncIterator[UserReply], fmt: ReplyFormat
+    streams: Sequence[AsyncIterator[UserReply]], fmt: ReplyFormat
 ) -> Dict[str, Any]:
-    pieces, reply = [first], first
-    async with aclosing(replies):
-        while not reply.finished:
-            reply = await anext(replies)
-            pieces.append(reply)
-    text = "".join(p.incremental_output for p in pieces)
-    completion_tokens = sum(len(p.token_ids) for p in pieces)
-    return fmt.whole(text, reply.finish_reason, _usage(first.num_prompt_tokens, completion_tokens))
+    prompts = await all_of([all_pieces(s) for s in streams])
+    choices = fmt.choices(len(streams))
+    for p, replies in enumerate(prompts):
+        for reply in replies:
+            choices[p * fmt.n + reply.index].add(reply)
+    prompt_tokens = sum(replies[0].num_prompt_tokens for replies in prompts)
+    completion_tokens = sum(c.num_tokens for c in choices)
+    return fmt.whole(choices, _usage(prompt_tokens, completion_tokens))
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -554,24 +754,24 @@ class ClosingStreamingResponse(StreamingResponse):
 
 async def respond(
     request: Request,
-    replies: AsyncIterator[UserReply],
+    streams: Sequence[AsyncIterator[UserReply]],
     fmt: ReplyFormat,
     stream: bool,
     include_usage: bool,
 ) -> Any:
-    """The first piece is awaited before any byte is sent, so a refused request still gets
-    its 400 status, streamed or not."""
+    """The first piece of every choice is awaited before any byte is sent, so a refused request
+    still gets its 400 status, streamed or not."""
 
     async def whole() -> JSONResponse:
-        return JSONResponse(await whole_reply(await anext(replies), replies, fmt))
+        return JSONResponse(await whole_reply(streams, fmt))
 
     if not stream:
         return await unless_disconnected(request, whole())
-    first = await unless_disconnected(request, anext(replies))
-    if isinstance(first, Response):
-        return first
+    firsts = await unless_disconnected(request, first_pieces(streams))
+    if isinstance(firsts, Response):
+        return firsts
     return ClosingStreamingResponse(
-        stream_events(first, replies, fmt, include_usage), media_type="text/event-stream"
+        stream_events(firsts, streams, fmt, include_usage), media_type="text/event-stream"
     )
 
 
@@ -587,7 +787,9 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
     install_error_handlers(app)
     if args.api_key is not None:
         require_api_key(app, args.api_key)
-    model = args.model_path
+    name = served_model_name(args)
+    served = [name, args.model_path]  # clients that name the path are served too
+    templates = ToolTemplates(args.model_path, args.tool_call_parser)
 
     @app.get("/health")
     async def health() -> Response:
@@ -599,32 +801,51 @@ def create_app(args: ServerArgs, frontend: Frontend) -> FastAPI:
     async def metrics() -> Response:
         return Response(frontend.metrics.render(), media_type="text/plain; version=0.0.4")
 
+    def card() -> Dict[str, Any]:
+        return model_card(name, args.model_path, max_model_len(args, frontend.metrics.stats))
+
     @app.get("/v1/models")
     async def models() -> Dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": model, "object": "model", "created": 0, "owned_by": "minisgl"}],
-        }
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_info(model_id: str) -> Dict[str, Any]:
+        check_model(model_id, served)
+        return card()
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Any:
-        if req.prompt == "" or req.prompt == []:
-            raise APIError(400, "prompt is empty", param="prompt")
-        params = sampling_params(req, req.max_tokens)
-        replies = frontend.generate(req.prompt, params, stop_strings(req.stop))
-        return await respond(
-            request, replies, ReplyFormat(False, model), req.stream, _include_usage(req)
-        )
+        check_model(req.model, served)
+        prompts = prompts_of(req.prompt)
+        # max_tokens 0 scores the prompt: one token is drawn, as ever, and not shown
+        scoring = req.max_tokens == 0
+        prompt_logprobs = req.logprobs if req.echo else None
+        max_tokens = 1 if scoring else req.max_tokens
+        params = sampling_params(req, max_tokens, req.logprobs, prompt_logprobs)
+        stop = stop_strings(req.stop)
+        streams = [frontend.generate(p, params, stop, req.echo) for p in prompts]  # n choices each
+        fmt = ReplyFormat(False, name, req.n, req.logprobs is not None, req.echo, scoring)
+        return await respond(request, streams, fmt, req.stream, _include_usage(req))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
+        check_model(req.model, served)
+        tools = tools_of(req.tools, req.tool_choice)
+        messages = messages_of(req.messages)
         limit = req.max_tokens if req.max_completion_tokens is None else req.max_completion_tokens
-        params = sampling_params(req, limit)
-        replies = frontend.generate(req.messages, params, stop_strings(req.stop))
-        return await respond(
-            request, replies, ReplyFormat(True, model), req.stream, _include_usage(req)
-        )
+        top = chat_top_logprobs(req)
+        params = sampling_params(req, limit, top)
+        prompt: Any = messages  # the tokenizer worker applies the chat template
+        tool_format = None
+        if tools is not None or has_tool_turns(messages):  # the template, here, with tools
+            prompt, params, tool_format = await templates.prompt(messages, tools, params)
+        replies = frontend.generate(prompt, params, stop_strings(req.stop))
+        fmt = ReplyFormat(True, name, req.n, top is not None, tools=tools, tool_format=tool_format)
+        return await respond(request, [replies], fmt, req.stream, _include_usage(req))
 
+    from .native import install_native_routes  # here: native.py builds on this module
+
+    install_native_routes(app, frontend)
     return app
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Sequence
 
 import torch
@@ -30,6 +31,8 @@ class ServerArgs(SchedulerConfig):
     shutdown_timeout: float = 5.0  # on SIGTERM/SIGINT: seconds the replies under way may take
     # torch threads of each scheduler process; None: launch.py's engine_threads decides
     threads: int | None = None
+    served_model_name: str | None = None  # the model's id in the API; None: its folder's name
+    tool_call_parser: str | None = None  # the tool-call syntax; None: read from the template
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -42,6 +45,11 @@ class ServerArgs(SchedulerConfig):
         """The engine's options alone: what the scheduler process needs."""
         names = [f.name for f in fields(SchedulerConfig)]
         return SchedulerConfig(**{name: getattr(self, name) for name in names})
+
+
+def served_model_name(args: ServerArgs) -> str:
+    """The model's id in the API: ``--served-model-name``, else the model folder's name."""
+    return args.served_model_name or Path(args.model_path).name
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -157,6 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="require 'Authorization: Bearer API_KEY' on every /v1 route (/health and "
         "/metrics stay open, for probes and scrapers)",
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's id in the API, which requests name (default: the model folder's name)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        choices=["hermes", "llama3_json"],
+        default=None,
+        help="the syntax of the model's tool calls (default: read from its chat template)",
     )
     return p
 

@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Sequence, Tuple
 import torch
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
+from minisgl.core import Logprobs
 from minisgl.message import (
     AbortBackendMsg,
     AbortMsg,
@@ -26,16 +27,21 @@ from minisgl.message import (
     UserMsg,
     UserReply,
 )
+from minisgl.message.frontend import TextLogprobs
 from minisgl.utils.mp import ZmqPullQueue, ZmqPushQueue, parent_sentinel
 
 from .detokenize import DecodeState, detokenize
+from .token_bytes import TokenBytes
 from .tokenize import tokenize_request
+
+Choice = Tuple[int, int]  # a request's uid, and which of its n choices
 
 
 @dataclass
 class _Request:
     state: DecodeState  # its detokenization so far
     num_prompt_tokens: int
+    prompt_text: str | None = None  # for the first reply, where the request echoes its prompt
 
 
 class TokenizerServer:
@@ -44,7 +50,8 @@ class TokenizerServer:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase):
         self.tokenizer = tokenizer
-        self._requests: Dict[int, _Request] = {}  # uid -> request, until its reply finishes
+        self.token_bytes = TokenBytes(tokenizer)
+        self._requests: Dict[Choice, _Request] = {}  # until the choice's reply finishes
 
     def handle(
         self, msgs: Sequence[BaseTokenizerMsg | ExitMsg]
@@ -58,7 +65,7 @@ class TokenizerServer:
                 self._tokenize(msg, to_backend, replies)
         self._detokenize([m for m in msgs if isinstance(m, DetokenizeMsg)], to_backend, replies)
         for msg in msgs:
-            if isinstance(msg, AbortMsg) and self._requests.pop(msg.uid, None) is not None:
+            if isinstance(msg, AbortMsg) and self._forget(msg.uid):
                 to_backend.append(AbortBackendMsg(msg.uid))
         to_backend += [msg for msg in msgs if isinstance(msg, ExitMsg)]
         return to_backend, replies
@@ -73,14 +80,27 @@ class TokenizerServer:
                 if is_chat
                 else tokenize_request(self.tokenizer, prompt=msg.text)
             )
-            state = DecodeState(stop=msg.stop)
+            DecodeState(stop=msg.stop)  # checks the stop strings
         except (TypeError, ValueError) as e:
             replies.append(UserReply(msg.uid, "", True, finish_reason="error", error=str(e)))
             return
-        self._requests[msg.uid] = _Request(state, len(ids))
+        echo = self._prompt_text(msg, ids) if msg.echo else None
+        for i in range(msg.sampling_params.n):
+            self._requests[msg.uid, i] = _Request(DecodeState(stop=msg.stop), len(ids), echo)
         to_backend.append(
             UserMsg(msg.uid, torch.tensor(ids, dtype=torch.int32), msg.sampling_params)
         )
+
+    def _prompt_text(self, msg: TokenizeMsg, ids: List[int]) -> str:
+        """The prompt as the reply echoes it: as it was given, or its ids decoded."""
+        return msg.text if isinstance(msg.text, str) else self.tokenizer.decode(ids)
+
+    def _forget(self, uid: int) -> bool:
+        """Drop every choice of the request; whether it had any still running."""
+        choices = [c for c in self._requests if c[0] == uid]
+        for choice in choices:
+            del self._requests[choice]
+        return bool(choices)
 
     def _detokenize(
         self, msgs: List[DetokenizeMsg], to_backend: List[BaseBackendMsg], replies: List[UserReply]
@@ -91,39 +111,61 @@ class TokenizerServer:
         completes it, whatever the timing. The reply's ``token_ids`` stop there too: the
         tokens up to and including the one whose text completed the stop string are the ones
         ``usage.completion_tokens`` counts; those the scheduler made past it are dropped."""
-        queues: Dict[int, List[DetokenizeMsg]] = {}
+        queues: Dict[Choice, List[DetokenizeMsg]] = {}
         for msg in msgs:
-            if msg.uid not in self._requests:
-                continue  # aborted (or stopped by a stop string): its late tokens are dropped
-            if msg.error:
+            if msg.error and self._forget(msg.uid):  # refused: every choice at once
                 replies.append(UserReply(msg.uid, "", True, msg.finish_reason, error=msg.error))
-                del self._requests[msg.uid]
-            else:
-                queues.setdefault(msg.uid, []).append(msg)
-        out = {
-            uid: UserReply(uid, "", False, num_prompt_tokens=self._requests[uid].num_prompt_tokens)
-            for uid in queues
-        }
+            elif (msg.uid, msg.index) in self._requests:  # else aborted or stopped: dropped
+                queues.setdefault((msg.uid, msg.index), []).append(msg)
+        out = {choice: self._reply(choice) for choice in queues}
         while queues:
-            step = {uid: queue.pop(0) for uid, queue in queues.items()}
-            states = [self._requests[uid].state for uid in step]
+            step = {choice: queue.pop(0) for choice, queue in queues.items()}
+            states = [self._requests[choice].state for choice in step]
             # an EOS that ended the request stays in its token ids but not in its text
             ids = [[] if m.finish_reason == "stop" else [m.next_token] for m in step.values()]
             pieces = detokenize(self.tokenizer, states, ids, [m.finished for m in step.values()])
-            for (uid, msg), piece, state in zip(step.items(), pieces, states):
-                reply = out[uid]
+            for (choice, msg), piece, state in zip(step.items(), pieces, states):
+                reply = out[choice]
                 reply.incremental_output += piece
                 reply.token_ids.append(msg.next_token)
+                self._add_logprobs(reply, msg)
                 at_stop = state.finish_reason == "stop"  # the text reached a stop string
                 if msg.finished or at_stop:
                     reply.finished = True
                     reply.finish_reason = "stop" if at_stop else msg.finish_reason
                     if not msg.finished:  # its pages back now, not at max_tokens
-                        to_backend.append(AbortBackendMsg(uid))
-                    del self._requests[uid]
-                    queues[uid].clear()  # any later tokens are past the end
-            queues = {uid: queue for uid, queue in queues.items() if queue}
+                        to_backend.append(AbortBackendMsg(*choice))
+                    del self._requests[choice]
+                    queues[choice].clear()  # any later tokens are past the end
+            queues = {choice: queue for choice, queue in queues.items() if queue}
         replies.extend(out.values())
+
+    def _reply(self, choice: Choice) -> UserReply:
+        """The choice's next reply, empty; its first carries the echoed prompt, once."""
+        request = self._requests[choice]
+        reply = UserReply(choice[0], "", False, num_prompt_tokens=request.num_prompt_tokens)
+        reply.index, reply.prompt_text, request.prompt_text = choice[1], request.prompt_text, None
+        return reply
+
+    def _add_logprobs(self, reply: UserReply, msg: DetokenizeMsg) -> None:
+        """The token's log-probabilities (and with a first token the prompt's), with the bytes
+        of every token they name."""
+        if msg.prompt_logprobs is not None:
+            reply.prompt_logprobs = self._with_bytes(msg.prompt_logprobs)
+        if msg.logprobs is not None:
+            if reply.logprobs is None:
+                reply.logprobs = TextLogprobs()
+            reply.logprobs.extend(self._with_bytes(msg.logprobs))
+
+    def _with_bytes(self, lp: Logprobs) -> TextLogprobs:
+        return TextLogprobs(
+            lp.token_ids,
+            lp.logprobs,
+            lp.top_ids,
+            lp.top_logprobs,
+            self.token_bytes(lp.token_ids),
+            [self.token_bytes(ids) for ids in lp.top_ids],
+        )
 
 
 def tokenizer_worker(
