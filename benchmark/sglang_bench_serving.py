@@ -9,8 +9,9 @@ SGLang server: ``sglang`` (the native ``POST /generate``, streamed), ``sglang-oa
 (``/v1/completions``) and ``sglang-oai-chat`` (``/v1/chat/completions``), on its
 ``random-ids`` dataset: prompts of exactly ``--input-len`` random token ids, each asking for
 exactly ``--output-len`` tokens with ``ignore_eos``. For each backend it prints the requests that
-succeeded, the input and output tokens bench_serving counted against what it asked for, and its
-latency summary.
+succeeded and the input and output tokens bench_serving counted against what it asked for:
+whether the server speaks SGLang's dialects, not how fast (bench_serving run by hand prints its
+latencies too).
 
 bench_serving runs in another interpreter, ``--sglang-python``: SGLang's package imports its
 whole runtime (torchvision among it, whose PyPI wheel needs the CUDA build of torch), which does
@@ -96,10 +97,6 @@ def report(backend: str, r: dict, args: argparse.Namespace) -> None:
         f"{backend:16s} {r['completed']}/{args.prompts} succeeded, input tokens "
         f"{r['total_input_tokens']} (asked {asked_in}), output tokens {r['total_output_tokens']} "
         f"(asked {asked_out}; retokenized {r['total_output_tokens_retokenized']})"
-    )
-    print(
-        f"{'':16s} median TTFT {r['median_ttft_ms']:.0f} ms, median TPOT "
-        f"{r['median_tpot_ms']:.1f} ms, {r['output_throughput']:.1f} output tokens/s"
     )
 
 

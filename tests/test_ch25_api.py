@@ -90,6 +90,21 @@ def test_prompt_logprobs_with_chunked_prefill_and_a_neighbour(tiny_models, chunk
     assert_pages_all_back(llm.scheduler)
 
 
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_a_one_row_chunk_keeps_its_prompt_entry_apart_from_the_bias(tiny_models, chunk):
+    """Chunks that give the echo request one row, alone or beside a request of one row: that
+    row is scored against the next prompt token and also sampled from. The bias and the
+    penalties change the sampler's rows only, so its prompt entry is the model's own."""
+    path = tiny_models["llama3"]
+    bias = {token: -100.0 for token in PROMPT}  # every prompt token, so a leak is 100 off
+    echo = _params(prompt_logprobs=1, logit_bias=bias, repetition_penalty=1.5, max_tokens=2)
+    prompts, params = [PROMPT], [echo]
+    if chunk == 2:  # a neighbour that also brings one row a step
+        prompts, params = [[5], PROMPT], [greedy(len(PROMPT)), echo]
+    outs = _llm(path, max_extend_tokens=chunk).generate(prompts, params)
+    _assert_entries(outs[-1]["prompt_logprobs"].slice(1), _hf_logprobs(path, PROMPT), PROMPT, 1, 1)
+
+
 def test_several_echo_requests_in_one_batch(tiny_models):
     """Three echo requests of different lengths and k, and one that does not echo, in the same
     prefill batches (chunks of 7): each echo request gets its own prompt's entries."""

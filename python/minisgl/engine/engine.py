@@ -197,7 +197,9 @@ class Engine:
         with self.timer.phase("sample"):
             prompt_logits = logits  # every prompt token's, where a request asks its prompt's
             if run.sample_rows is not None:
-                logits = logits[run.sample_rows]
+                logits = logits[run.sample_rows]  # a copy: the prompt rows stay the model's
+            elif run.logprob_plan is not None and run.logprob_plan.prompt_rows:
+                logits = logits.clone()  # a row scored and sampled alike (a one-token chunk)
             if mask_logits is not None:
                 mask_logits(logits)
             penalties = self.penalties.prepare(batch)
