@@ -228,14 +228,16 @@ def test_tokenizer_server_stop_string_eos_and_late_tokens(tiny_models):
         for reply in replies:
             pieces[reply.uid].append(reply)
         if any(r.uid == 0 and r.finished for r in replies):
-            assert to_backend == [AbortBackendMsg(0)]  # the stop string frees its pages at once
+            # the stop string frees its pages at once (chapter 25 adds which choice it ended)
+            assert [(type(m), m.uid) for m in to_backend] == [(AbortBackendMsg, 0)]
     text0 = "".join(r.incremental_output for r in pieces[0])
     assert text0 == ref["text"].split("lazy")[0] and pieces[0][-1].finish_reason == "stop"
     assert [r.finished for r in pieces[0]].count(True) == 1  # later tokens are dropped
     # a worker that fell behind gets all the steps at once: the same reply, cut at the same token
     server.handle([TokenizeMsg(3, "Hello world", greedy(10), ["lazy"])])
     to_backend, [late] = server.handle([DetokenizeMsg(3, t, False) for t in ref["token_ids"]])
-    assert late.incremental_output == text0 and late.finished and to_backend == [AbortBackendMsg(3)]
+    assert late.incremental_output == text0 and late.finished
+    assert [(type(m), m.uid) for m in to_backend] == [(AbortBackendMsg, 3)]
     assert late.token_ids == [t for r in pieces[0] for t in r.token_ids]
     text1 = "".join(r.incremental_output for r in pieces[1])
     tok = llm.tokenizer
