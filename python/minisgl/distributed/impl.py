@@ -36,6 +36,9 @@ def init_distributed(rank: int, size: int, init_addr: str, device: str) -> None:
         timeout=TIMEOUT,
     )
     _cpu_group = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    # no rank goes on until every rank's connections are made: one that fails next (a model
+    # that does not split) would otherwise close its sockets under a rank still connecting
+    dist.barrier(group=_cpu_group)
     set_tp_info(rank, size)
 
 
