@@ -775,6 +775,8 @@ LARK_TERMINALS = [
         ["abd", "acd", "accabd"],
         ["d", "abbd", "acccd"],
     ),
+    # Lark allows spaces around a rule's colon
+    ('%llguidance {}\nstart : START\nSTART : "yes" | "no"\n', ["yes", "no"], ["", "yesno"]),
     # JSON's escapes, a surrogate pair among them, as json.dumps writes guidance's literals
     (
         '%llguidance {}\nstart: START\nSTART: "\\u00e9\\ud83d\\ude00" | "q\\"\\\\\\n"\n',
@@ -787,7 +789,7 @@ LARK_TERMINALS = [
 @pytest.mark.parametrize(
     "lark, accepted, refused",
     [(LARK_SELECT, OPTIONS, ["", "ye", "yesno"]), *LARK_TERMINALS],
-    ids=["select", "a join", "repeats", "escapes"],
+    ids=["select", "a join", "repeats", "spaced colons", "escapes"],
 )
 def test_guidances_lark_of_one_lexeme_becomes_gbnf_that_accepts_the_same_texts(
     lark, accepted, refused
