@@ -6,11 +6,12 @@ and aborts cut a run where they should; bad settings get one clear error each.""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Sequence
 
 import pytest
 import torch
@@ -350,6 +351,33 @@ def test_the_prefix_cache_keeps_only_accepted_tokens(tiny_models):
 
 
 # --- where a run ends: max_tokens, EOS --------------------------------------------------------
+
+
+def test_a_speculative_step_is_timed_as_draft_verify_and_accept_not_as_schedule(tiny_models):
+    """With the step timer on, a verify step's work lands in phases of its own, none of them
+    inside "schedule": a breakdown sums disjoint phases, and one nested in another counts
+    twice."""
+    llm = _llm(tiny_models["llama3"], speculative="ngram", speculative_k=4)
+    timer, open_phases, nested = llm.scheduler.engine.timer, [], set()
+    timed = timer._timed
+
+    @contextlib.contextmanager
+    def watched(name: str) -> Iterator[None]:
+        nested.update((outer, name) for outer in open_phases)
+        open_phases.append(name)
+        try:
+            with timed(name):
+                yield
+        finally:
+            open_phases.pop()
+
+    timer._timed, timer.enabled = watched, True
+    _tokens(llm)
+    steps = llm.scheduler.speculator.stats.forwards
+    assert steps > 0 and timer.counts["draft"] == timer.counts["accept"] == steps
+    assert timer.counts["forward verify"] == steps
+    assert not {pair for pair in nested if pair[0] == "schedule"}, nested
+    timer.enabled = False
 
 
 @pytest.mark.parametrize("k", [1, 3, 8, 16])

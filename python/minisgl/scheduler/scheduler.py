@@ -169,10 +169,12 @@ class Scheduler:
             )
             if batch is None:
                 return None
-            if self.speculator is not None and not batch.is_prefill:
-                return self._launch_speculative(batch)
-            extend_lens = [r.extend_len for r in batch.reqs]
-            self.cache_manager.allocate(batch.reqs)
+            speculative = self.speculator is not None and not batch.is_prefill
+            if not speculative:
+                extend_lens = [r.extend_len for r in batch.reqs]
+                self.cache_manager.allocate(batch.reqs)
+        if speculative:  # outside "schedule": its draft, verify and accept are phases of their own
+            return self._launch_speculative(batch)
         mask = self.grammars.mask_for(batch, self._pending())
         next_tokens = self.engine.forward_batch(batch, mask)
         sampled = [r.cached_len >= len(r.input_ids) for r in batch.reqs]  # a chunk samples none

@@ -65,7 +65,8 @@ class Speculator:
         edits the logits rows of the constrained requests, which draft nothing."""
         reqs = batch.reqs
         ks = [0 if c else self._k_for(r) for r, c in zip(reqs, constrained)]
-        drafts = self.drafter.propose(reqs, ks)
+        with self.engine.timer.phase("draft"):
+            drafts = self.drafter.propose(reqs, ks)
         if self.engine.verify_runner is not None:  # a graph needs k drafts a request
             drafts = [_padded(r, d, k) for r, d, k in zip(reqs, drafts, ks)]
         start_lens = [r.device_len for r in reqs]
@@ -81,7 +82,8 @@ class Speculator:
             last = logits[ends - 1]
             mask(last)
             logits[ends - 1] = last
-        runs = self._verify(reqs, drafts, logits, ends.tolist())
+        with self.engine.timer.phase("accept"):
+            runs = self._verify(reqs, drafts, logits, ends.tolist())
         self.stats.forwards += 1
         for req, run, start, draft in zip(reqs, runs, start_lens, drafts):
             self._keep(req, run, start)
