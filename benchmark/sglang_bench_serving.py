@@ -26,16 +26,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "examples")]
+sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "benchmark")]
+
+from online import launched  # noqa: E402  (the server on a free port, until /health answers)
 
 BACKENDS = ["sglang", "sglang-oai", "sglang-oai-chat"]
 NAME = "smollm2"
@@ -49,30 +49,6 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=64)
     p.add_argument("--output-len", type=int, default=16)
     return p.parse_args()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(model: str, port: int, log) -> subprocess.Popen:
-    """minisgl's server, with the served name the benchmark asks for; back once it answers."""
-    import httpx
-
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
-    command = [sys.executable, "-m", "minisgl", "--model", model, "--port", str(port)]
-    proc = subprocess.Popen([*command, "--served-model-name", NAME], stderr=log, env=env)
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            time.sleep(0.2)
-    raise TimeoutError("the server did not start in 120 s")
 
 
 def bench(args: argparse.Namespace, model: str, port: int, backend: str, out: Path) -> dict:
@@ -119,15 +95,13 @@ def main() -> None:
         f"random-ids: {args.prompts} prompts of {args.input_len} token ids, "
         f"{args.output_len} tokens each, all sent at once"
     )
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp, open(f"{tmp}/server.log", "wb") as log:
-        proc = start_server(model, port, log)
-        try:
-            for backend in BACKENDS:
-                report(backend, bench(args, model, port, backend, Path(tmp) / backend), args)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=60)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        launched(model, f"--served-model-name {NAME}") as url,
+    ):
+        port = urlsplit(url).port
+        for backend in BACKENDS:
+            report(backend, bench(args, model, port, backend, Path(tmp) / backend), args)
 
 
 if __name__ == "__main__":
