@@ -17,7 +17,7 @@ cuts the text into before its parser sees it. A GBNF rule has no lexer: ``start:
 "ab" for A and then finds no B. So the translation takes the grammars that are one lexeme: a
 ``start`` whose alternatives are each one terminal or one literal, over terminals made of
 string literals, other terminals, groups, alternatives and the quantifiers ``? * + {m,n}``.
-Each of those has the same meaning in GBNF, token for token. That is every grammar guidance
+Each of those has the same meaning in GBNF, construct for construct. That is every grammar guidance
 writes from literals, ``select``, joins and repeats without a ``gen``; a ``gen`` brings a regular
 expression or rule attributes (``max_tokens``, ``stop``, ``capture``), which xgrammar's EBNF
 cannot say.
