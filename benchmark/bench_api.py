@@ -37,6 +37,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "examples"), str(ROOT / "benchmark")]
 
+from bench_structured import model_path  # noqa: E402  (--model, --shape or the real model)
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
 
@@ -106,19 +108,6 @@ def compare(
             else:
                 times[name].append(decode_ms(llm, prompts, batch, steps, variants[name]))
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-def model_path(args: argparse.Namespace, tmp: str) -> str:
-    if args.model:
-        return args.model
-    if args.shape:
-        from make_checkpoint import make_checkpoint
-
-        device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-        return str(make_checkpoint(args.shape, Path(tmp) / args.shape, device))
-    from real_model import cached_real_model
-
-    return str(cached_real_model())
 
 
 def table(title: str, results: Dict[int, Dict[str, float]], base: str) -> None:
