@@ -2,6 +2,7 @@
 
     PYTHONPATH=python python benchmark/bench_speculative.py [--model PATH | --shape NAME]
         [--batches 1,8] [--k 4] [--tokens 128] [--draft self|PATH] [--device auto]
+        [--breakdown] [--busy]
 
 By default the real small model of the book (SmolLM2-135M-Instruct, ``examples/real_model.py``)
 on the CPU, its prompts through its chat template; or ``--shape`` (``examples/ch15_measure.py``'s
@@ -12,10 +13,18 @@ model, ``self`` for the target as its own draft: every draft right, the upper bo
 acceptance) builds its own engine and runs every prompt kind and batch size three times, greedy,
 ``--tokens`` new tokens a request at most; a figure is the median of the three. Throughput is
 output tokens over the wall time of the ``generate``, the prefill included (the same prompts in
-every setting). Beside it: the speed-up over no drafts, the share of drafts kept and the tokens
-a request gets per target forward. On a GPU one more setting, no drafts with neither CUDA graphs
-nor overlap scheduling, runs each decode step as speculation runs its verify steps, so that the
-cost of the execution mode and the gain of the drafts can be told apart.
+every setting), and over the decode steps alone ("decode tok/s": from the end of the last step
+that processed a prefill to the end of the last step, the tokens after each request's first).
+Beside them: the speed-up over no drafts, the share of drafts kept and the tokens a request gets
+per verify forward. "n-gram" drafts at every step; "n-gram, rule" with the settings'
+defaults (``speculative_max_batch``, ``speculative_min_tokens``), which decode without drafts
+where they do not pay.
+
+``--breakdown`` runs each case once more with the step timer on (the device synchronized at
+every phase's edges, so its wall time is not the figures above): the host's and device's ms a
+decode step by phase (draft, prepare, forward verify or decode, accept, sample, process,
+schedule). ``--busy`` (a GPU) runs it under torch.profiler: the device's busy ms a decode step
+(the union of its kernels' intervals) and whether the verify steps replayed a CUDA graph.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
@@ -35,6 +45,7 @@ sys.path[:0] = [str(ROOT / "python"), str(ROOT / "examples"), str(ROOT / "benchm
 
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
+from minisgl.scheduler import Scheduler  # noqa: E402
 
 PASSAGE = (
     "The engine keeps every request's keys and values in pages of a shared pool. A "
@@ -62,6 +73,10 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--tokens", type=int, default=128, help="new tokens a request at most")
     p.add_argument("--draft", help="also a draft model: a checkpoint, or 'self'")
     p.add_argument("--device", default="auto")
+    p.add_argument("--max-batch", type=int, help="the rule's speculative_max_batch")
+    p.add_argument("--min-tokens", type=float, help="the rule's speculative_min_tokens")
+    p.add_argument("--breakdown", action="store_true", help="ms a decode step by phase")
+    p.add_argument("--busy", action="store_true", help="device busy ms a decode step (GPU)")
     return p.parse_args()
 
 
@@ -86,54 +101,149 @@ def prompts_for(llm: LLM, kind: str, batch: int, text: bool) -> List[Any]:
     return out
 
 
-def run_once(llm: LLM, prompts: List[Any], tokens: int) -> Tuple[float, int]:
+@dataclass
+class Run:
+    seconds: float  # the generate's wall time
+    tokens: int  # output tokens
+    decode_seconds: float  # from the end of the last step that processed a prefill
+    decode_tokens: int  # the tokens after each request's first
+
+
+def run_once(llm: LLM, prompts: List[Any], tokens: int) -> Run:
     params = SamplingParams(max_tokens=tokens)
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - start
-    return seconds, sum(len(o["token_ids"]) for o in outs)
+    scheduler, marks = llm.scheduler, []
+
+    def step() -> Any:  # the end of every step, and the phase of the batch it processed
+        out = Scheduler.step(scheduler)
+        if out is not None:
+            marks.append((out.phase, time.perf_counter()))
+        return out
+
+    scheduler.step = step  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        seconds = time.perf_counter() - start
+    finally:
+        del scheduler.step
+    made = sum(len(o["token_ids"]) for o in outs)
+    prefilled = max(t for phase, t in marks if phase == "prefill")
+    return Run(seconds, made, marks[-1][1] - prefilled, made - len(prompts))
+
+
+def counters(llm: LLM) -> Dict[str, int]:
+    """Counts so far: the speculator's (drafts proposed and kept, request-steps verified), and
+    the engine's forwards by phase, and the verify batches padded to a graph's size (on a GPU:
+    that replayed it)."""
+    speculator = llm.scheduler.speculator
+    counts = dict(llm._forwards)  # type: ignore[attr-defined]
+    if speculator is not None:
+        stats = speculator.stats
+        counts.update(proposed=stats.proposed, accepted=stats.accepted, steps=stats.steps)
+    return counts
+
+
+def count_forwards(llm: LLM) -> None:
+    """Count the engine's forwards by phase, and the verify batches the verify graphs ran, in
+    ``llm._forwards``."""
+    engine = llm.scheduler.engine
+    counts = llm._forwards = {"decode": 0, "verify": 0, "prefill": 0, "graphed": 0}  # type: ignore
+    forward = engine._forward
+
+    def counted_forward(batch: Any) -> Any:
+        counts[batch.phase] += 1
+        return forward(batch)
+
+    engine._forward = counted_forward  # type: ignore[method-assign]
+    runner = engine.verify_runner
+    if runner is not None:
+        pad = runner.pad
+
+        def counted_pad(batch: Any) -> Any:
+            counts["graphed"] += 1
+            return pad(batch)
+
+        runner.pad = counted_pad  # type: ignore[method-assign]
 
 
 def measure(
     path: str, args: argparse.Namespace, spec: Dict[str, Any], batches: List[int]
 ) -> Dict[Tuple[str, int], Dict[str, float]]:
-    """Every prompt kind and batch size under one engine setting: the medians of three runs."""
+    """Every prompt kind and batch size under one engine setting: the medians of three runs,
+    then with ``--breakdown`` and ``--busy`` one more run each."""
     llm = LLM(path, device=args.device, max_running_req=max(batches), **spec)
+    count_forwards(llm)
     results = {}
     for kind in ("copy", "fresh"):
         for batch in batches:
             prompts = prompts_for(llm, kind, batch, text=not args.shape)
             run_once(llm, prompts, min(args.tokens, 8))  # warm: kernels compiled, caches filled
-            speculator = llm.scheduler.speculator
-            before = (
-                (speculator.stats.proposed, speculator.stats.accepted, speculator.stats.steps)
-                if speculator
-                else (0, 0, 0)
-            )
+            before = counters(llm)
             runs = [run_once(llm, prompts, args.tokens) for _ in range(3)]
-            seconds = statistics.median(s for s, _ in runs)
-            made = runs[0][1]
-            row = {"tok/s": made / seconds, "tokens": made}
-            if speculator:
-                proposed, accepted, steps = (
-                    now - then
-                    for now, then in zip(
-                        (
-                            speculator.stats.proposed,
-                            speculator.stats.accepted,
-                            speculator.stats.steps,
-                        ),
-                        before,
-                    )
-                )
-                row["kept"] = accepted / proposed if proposed else 0.0
-                row["per step"] = (accepted + steps) / steps if steps else 0.0
+            after = counters(llm)
+            seconds = statistics.median(r.seconds for r in runs)
+            decode = statistics.median(r.decode_seconds for r in runs)
+            row = {
+                "tok/s": runs[0].tokens / seconds,
+                "decode tok/s": runs[0].decode_tokens / decode,
+            }
+            got = {name: after[name] - before[name] for name in after}
+            if "proposed" in got:
+                verified = got["verify"]
+                row["kept"] = got["accepted"] / got["proposed"] if got["proposed"] else 0.0
+                row["per step"] = (got["accepted"] + got["steps"]) / max(got["steps"], 1)
+                row["drafted"] = verified / max(verified + got["decode"], 1)
+                row["graphed"] = got["graphed"] / verified if verified else 0.0
+            if args.breakdown:
+                row["phases"] = breakdown(llm, prompts, args.tokens)  # type: ignore[assignment]
+            if args.busy and llm.scheduler.engine.device.type == "cuda":
+                row["busy ms"] = busy_ms(llm, prompts, args.tokens)
             results[kind, batch] = row
     llm.shutdown()
     del llm
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return results
+
+
+def breakdown(llm: LLM, prompts: List[Any], tokens: int) -> Dict[str, float]:
+    """One more run with the step timer on: ms a decode step (a forward of the decode or verify
+    phase) by phase, the prefill's phases left out."""
+    timer = llm.scheduler.engine.timer
+    timer.reset()
+    timer.enabled = True
+    try:
+        run_once(llm, prompts, tokens)
+    finally:
+        timer.enabled = False
+    steps = timer.counts.get("forward decode", 0) + timer.counts.get("forward verify", 0)
+    phases = {
+        name: seconds * 1e3 / max(steps, 1)
+        for name, seconds in timer.seconds.items()
+        if name != "forward prefill"
+    }
+    timer.reset()
+    return phases
+
+
+def busy_ms(llm: LLM, prompts: List[Any], tokens: int) -> float:
+    """One more run under torch.profiler: the device's busy ms (the union of its kernels' and
+    copies' intervals) a forward, the prefill's few among them."""
+    from offline import busy_and_gaps
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    before = counters(llm)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run_once(llm, prompts, tokens)
+    spans = [
+        (e.start_ns(), e.start_ns() + e.duration_ns())
+        for e in prof.profiler.kineto_results.events()
+        if e.device_type() == torch.autograd.DeviceType.CUDA
+    ]
+    after = counters(llm)
+    steps = sum(after[phase] - before[phase] for phase in ("decode", "verify", "prefill"))
+    return busy_and_gaps(spans)[0] / 1e6 / max(steps, 1)
 
 
 def model_path(args: argparse.Namespace, tmp: str) -> str:
@@ -151,19 +261,28 @@ def model_path(args: argparse.Namespace, tmp: str) -> str:
 
 def settings(args: argparse.Namespace, path: str, on_gpu: bool) -> List[Tuple[str, Dict[str, Any]]]:
     """The settings compared: no drafts (the default a user has), on a GPU also no drafts run
-    as speculation runs (no CUDA graphs, no overlap), then the drafts."""
+    eagerly without overlap, then n-gram drafts at every step, n-gram drafts under the rule,
+    and the draft model."""
     out: List[Tuple[str, Dict[str, Any]]] = [("no drafts", {})]
     if on_gpu:
         out.append(("no drafts, eager", {"cuda_graph_max_bs": 0, "overlap_scheduling": False}))
-    out.append((f"n-gram k={args.k}", {"speculative": "ngram", "speculative_k": args.k}))
+    always = {"speculative_max_batch": None, "speculative_min_tokens": 0.0}
+    ngram = {"speculative": "ngram", "speculative_k": args.k}
+    out.append((f"n-gram k={args.k}", {**ngram, **always}))
+    rule = {
+        name: value
+        for name, value in (
+            ("speculative_max_batch", args.max_batch),
+            ("speculative_min_tokens", args.min_tokens),
+        )
+        if value is not None
+    }
+    out.append((f"n-gram k={args.k}, rule", {**ngram, **rule}))
     if args.draft:
         draft = path if args.draft == "self" else args.draft
-        out.append(
-            (
-                f"draft {'self' if args.draft == 'self' else Path(draft).name} k={args.k}",
-                {"speculative": "draft", "draft_model": draft, "speculative_k": args.k},
-            )
-        )
+        name = "self" if args.draft == "self" else Path(draft).name
+        options = {"speculative": "draft", "draft_model": draft, "speculative_k": args.k}
+        out.append((f"draft {name} k={args.k}", {**options, **always}))
     return out
 
 
@@ -182,20 +301,53 @@ def main() -> None:
             label: measure(path, args, spec, batches)
             for label, spec in settings(args, path, on_gpu)
         }
+    print_table(table)
+    if args.breakdown or args.busy:
+        print_phases(table)
+
+
+def print_table(table: Dict[str, Dict[Tuple[str, int], Dict[str, Any]]]) -> None:
     base = table["no drafts"]
     print(
-        f"{'setting':>22} {'prompts':>7} {'batch':>5} {'tok/s':>9} {'speed-up':>8} "
-        f"{'kept':>6} {'tok/fwd':>7}   (medians of 3)"
+        f"{'setting':>24} {'prompts':>7} {'batch':>5} {'tok/s':>9} {'speed-up':>8} "
+        f"{'decode':>9} {'speed-up':>8} {'kept':>6} {'tok/fwd':>7} {'drafted':>7} "
+        f"{'graphed':>7}   (medians of 3)"
     )
     for label, results in table.items():
         for (kind, batch), row in results.items():
-            speedup = row["tok/s"] / base[kind, batch]["tok/s"]
-            kept = f"{row['kept']:6.1%}" if "kept" in row else f"{'-':>6}"
-            per_step = f"{row['per step']:7.2f}" if "per step" in row else f"{'1':>7}"
+            plain = base[kind, batch]
+            speedup = row["tok/s"] / plain["tok/s"]
+            decode_speedup = row["decode tok/s"] / plain["decode tok/s"]
+            cells = [
+                f"{row[name]:{fmt}}" if name in row else f"{'-':>{width}}"
+                for name, fmt, width in (
+                    ("kept", "6.1%", 6),
+                    ("per step", "7.2f", 7),
+                    ("drafted", "7.0%", 7),
+                    ("graphed", "7.0%", 7),
+                )
+            ]
             print(
-                f"{label:>22} {kind:>7} {batch:>5} {row['tok/s']:9.1f} {speedup:7.2f}x "
-                f"{kept} {per_step}"
+                f"{label:>24} {kind:>7} {batch:>5} {row['tok/s']:9.1f} {speedup:7.2f}x "
+                f"{row['decode tok/s']:9.1f} {decode_speedup:7.2f}x {' '.join(cells)}"
             )
+
+
+def print_phases(table: Dict[str, Dict[Tuple[str, int], Dict[str, Any]]]) -> None:
+    """ms a decode step by phase (the step timer's run), and the device's busy ms a forward."""
+    names: List[str] = []
+    for results in table.values():
+        for row in results.values():
+            names += [n for n in row.get("phases", {}) if n not in names]
+    print("\nms a decode step by phase (a run with the device synchronized at each phase):")
+    header = " ".join(f"{n[:9]:>9}" for n in names)
+    print(f"{'setting':>24} {'prompts':>7} {'batch':>5} {header} {'busy':>6}")
+    for label, results in table.items():
+        for (kind, batch), row in results.items():
+            phases = row.get("phases", {})
+            cells = " ".join(f"{phases[n]:9.2f}" if n in phases else f"{'-':>9}" for n in names)
+            busy = f"{row['busy ms']:6.2f}" if "busy ms" in row else f"{'-':>6}"
+            print(f"{label:>24} {kind:>7} {batch:>5} {cells} {busy}")
 
 
 if __name__ == "__main__":

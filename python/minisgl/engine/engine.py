@@ -245,26 +245,26 @@ class Engine:
             req.complete_forward()
         return logits.float(), run
 
-    def capture_verify_graphs(self, width: int, max_bs: int = 64) -> None:
-        """CUDA graphs for verify batches of ``width`` tokens a request, up to ``max_bs``
-        requests and no more than the decode graphs hold (they share the attention metadata's
-        buffer). None where decode has none, or with a hybrid backend, whose extend half may
-        not be capturable. On a CPU with decode batches padded, verify batches are padded too
-        and nothing is captured, as for decode."""
+    def capture_verify_graphs(self, width: int, max_tokens: int = 2048) -> None:
+        """CUDA graphs for verify batches of ``width`` tokens a request, for every decode graph's
+        size whose batch holds at most ``max_tokens`` tokens (the graphs' logits buffer is
+        [tokens, V] float32): with k = 4, every decode batch up to 256 requests. They share
+        the attention metadata's buffer with the decode graphs. None where decode has none, or
+        with a hybrid backend, whose extend half may not be capturable. On a CPU with decode
+        batches padded, verify batches are padded too and nothing is captured, as for
+        decode."""
         if not self.graph_runner.max_bs or self.config.attention_backend not in ("auto", "triton"):
             return
         if self.device.type == "cuda" and not self.graph_runner.graphs:
+            return
+        sizes = [bs for bs in self.graph_runner.sizes if bs * width <= max_tokens]
+        if not sizes:
             return
         dummy = Req(
             -1, [0] * width, SamplingParams(max_tokens=1), table_idx=self.config.max_running_req
         )
         self.verify_runner = GraphRunner(
-            self.model,
-            self.attn_backend,
-            dummy,
-            min(max_bs, self.graph_runner.max_bs),
-            self.device,
-            width,
+            self.model, self.attn_backend, dummy, sizes[-1], self.device, width
         )
         if self.device.type == "cuda":
             with use_global_ctx(self.ctx), torch.inference_mode():

@@ -124,9 +124,12 @@ class Scheduler:
         """Launch the next batch and process one batch's tokens; None when idle. Without
         overlap the batch processed is the one just launched; with it, the one launched before
         (the first step launches two)."""
+        if self._in_flight is not None and self._speculates_next():
+            done, self._in_flight = self._in_flight, None  # a speculative step drafts from
+            return self._process(done)  # every token: the host takes the last ones first
         launched = self._launch_next()
-        if not self.overlap:
-            return self._process(launched) if launched else None
+        if not self.overlap or (launched is not None and launched.runs is not None):
+            return self._process(launched) if launched else None  # speculative: ran to its end
         if self._in_flight is None and launched is not None:  # nothing to process yet
             self._in_flight = launched  # first: the next launch's grammars read its tokens
             launched = self._launch_next()
@@ -169,7 +172,7 @@ class Scheduler:
             )
             if batch is None:
                 return None
-            speculative = self.speculator is not None and not batch.is_prefill
+            speculative = self._in_flight is None and self._speculates(batch)
             if not speculative:
                 extend_lens = [r.extend_len for r in batch.reqs]
                 self.cache_manager.allocate(batch.reqs)
@@ -188,6 +191,23 @@ class Scheduler:
         self.decode_manager.remove_done()  # max_tokens: known now, before the tokens are back
         tokens = self.engine.start_copy_to_host(next_tokens, batch.logprobs)
         return Launched(batch, extend_lens, sampled, tokens)
+
+    def _speculates(self, batch: Batch) -> bool:
+        """Whether the batch verifies drafts: a decode batch the speculator wants."""
+        if self.speculator is None or batch.is_prefill:
+            return False
+        constrained = [r in self.grammars.grammars for r in batch.reqs]
+        return self.speculator.wants(batch.reqs, constrained)
+
+    def _speculates_next(self) -> bool:
+        """Whether the next step will likely verify drafts, judged before it is scheduled: the
+        batch in flight is a decode step (after a prefill another chunk may come), and the
+        running requests make a batch the speculator wants. A wrong guess costs one step of
+        overlap, or one step without drafts."""
+        flight = self._in_flight
+        if flight is None or flight.batch.phase != "decode":
+            return False
+        return self._speculates(Batch(list(self.decode_manager.running_reqs), "decode"))
 
     def _launch_speculative(self, batch: Batch) -> Launched:
         """A decode step with drafts, run to its end: the next step's positions
@@ -292,10 +312,10 @@ def _record(req: Req, i: int, run: List[int], got_token: bool, logprobs: Request
 
 def _use_overlap(config: SchedulerConfig, device: torch.device) -> bool:
     """Overlap scheduling: as the config says (None: on a GPU), unless the environment has
-    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, which overrides the config, or speculative decoding
-    is on (a step's drafts and positions follow from how many tokens the step before kept, so
-    the host cannot build a step before the last one is done)."""
-    if disable_overlap_scheduling() or config.speculative:
+    MINISGL_DISABLE_OVERLAP_SCHEDULING=1, which overrides the config. A speculative step is
+    never overlapped (its drafts and positions follow from how many tokens the step before
+    kept); the steps without drafts around it are."""
+    if disable_overlap_scheduling():
         return False
     if config.overlap_scheduling is None:
         return device.type == "cuda"

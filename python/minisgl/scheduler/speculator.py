@@ -12,7 +12,13 @@ from minisgl.core import Batch, Req
 from minisgl.engine.engine import Engine
 from minisgl.engine.sample import BatchSamplingArgs, row_seed, top_k_top_p_filter
 from minisgl.kvcache import create_prefix_cache
-from minisgl.speculative import DraftModel, NgramDrafter, accept_greedy, accept_sampled
+from minisgl.speculative import (
+    DraftModel,
+    DraftRule,
+    NgramDrafter,
+    accept_greedy,
+    accept_sampled,
+)
 
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -22,8 +28,8 @@ Mask = Callable[[torch.Tensor], None]  # structured output's mask, by batch row
 
 @dataclass
 class SpeculativeStats:
-    """What speculation has done so far: target forwards, request-steps, drafts proposed
-    and kept."""
+    """What speculation has done so far: verify forwards of the target, request-steps in them,
+    drafts proposed and kept. Decode steps without drafts are not counted."""
 
     forwards: int = 0  # verify forwards of the target, one a step
     steps: int = 0  # one per request per step
@@ -42,10 +48,11 @@ class SpeculativeStats:
 
 class Speculator:
     """Runs a decode batch speculatively. Each request proposes up to k drafts (fewer near
-    max_tokens; none under a grammar, whose matcher cannot look ahead here), all requests'
-    tokens run as one extend over the paged KV, and each keeps the drafts the target agrees
-    with, then one token of the target's own. The K and V of refused drafts are in pages the
-    request then gives back; its cached_len ends after the last token kept."""
+    max_tokens; none under a grammar, whose matcher cannot look ahead here, or while its drafts
+    do not pay), all requests' tokens run as one extend over the paged KV, and each keeps the
+    drafts the target agrees with, then one token of the target's own. The K and V of refused
+    drafts are in pages the request then gives back; its cached_len ends after the last token
+    kept. A step in which no request has a draft runs as a decode step."""
 
     def __init__(self, config: SchedulerConfig, engine: Engine, cache_manager: CacheManager):
         self.k, self.engine, self.cache_manager = config.speculative_k, engine, cache_manager
@@ -54,6 +61,7 @@ class Speculator:
         )
         self._generator = torch.Generator().manual_seed(config.seed)  # unseeded requests' draws
         self.stats = SpeculativeStats()
+        self.rule = DraftRule(config.speculative_max_batch, config.speculative_min_tokens)
         engine.capture_verify_graphs(self.k + 1)  # on a GPU: verify steps replay a graph
 
     @torch.inference_mode()  # the verify logits are inference tensors, edited by the mask
@@ -67,6 +75,9 @@ class Speculator:
         ks = [0 if c else self._k_for(r) for r, c in zip(reqs, constrained)]
         with self.engine.timer.phase("draft"):
             drafts = self.drafter.propose(reqs, ks)
+        if not any(drafts):  # nothing to verify: a decode step costs less than a verify step
+            return self._decode(batch, mask)
+        drafted = [len(d) for d in drafts]  # the request's own, before any padding
         if self.engine.verify_runner is not None:  # a graph needs k drafts a request
             drafts = [_padded(r, d, k) for r, d, k in zip(reqs, drafts, ks)]
         start_lens = [r.device_len for r in reqs]
@@ -85,22 +96,43 @@ class Speculator:
         with self.engine.timer.phase("accept"):
             runs = self._verify(reqs, drafts, logits, ends.tolist())
         self.stats.forwards += 1
-        for req, run, start, draft in zip(reqs, runs, start_lens, drafts):
+        for req, run, start, draft, own in zip(reqs, runs, start_lens, drafts, drafted):
             self._keep(req, run, start)
+            self.rule.record(req, own, len(run))
             self.stats.steps += 1
             self.stats.proposed += len(draft)
             self.stats.accepted += len(run) - 1
         return runs, [len(d) + 1 for d in drafts]
 
+    def wants(self, reqs: Sequence[Req], constrained: Sequence[bool]) -> bool:
+        """Whether a decode step of ``reqs`` should verify drafts: the batch is not too large
+        for them and some request may draft (free, below max_tokens, its drafts paying)."""
+        return self.rule.batch_drafts(len(reqs)) and any(
+            not c and self._k_for(r) > 0 for r, c in zip(reqs, constrained)
+        )
+
     def remove(self, req: Req) -> None:
         self.drafter.remove(req)
+        self.rule.remove(req)
+
+    def _decode(self, batch: Batch, mask: Mask | None) -> Tuple[List[List[int]], List[int]]:
+        """The step as a decode step: one token a request, sampled by the engine."""
+        start_lens = [r.device_len for r in batch.reqs]
+        self.cache_manager.allocate(batch.reqs)
+        runs = [[token] for token in self.engine.forward_batch(batch, mask).tolist()]
+        for req, run, start in zip(batch.reqs, runs, start_lens):
+            self._keep(req, run, start)
+        return runs, [1] * batch.size
 
     def check_integrity(self) -> None:
         self.drafter.check_integrity()
 
     def _k_for(self, req: Req) -> int:
         """k, less what max_tokens leaves: the run's last token is the target's own, so k + 1
-        new tokens at most, and no position past the pages reserved for the request."""
+        new tokens at most, and no position past the pages reserved for the request; 0 while
+        the rule pauses its drafts."""
+        if not self.rule.may_draft(req):
+            return 0
         left = req.sampling_params.max_tokens - req.num_sampled
         return max(min(self.k, left - 1), 0)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 from minisgl.core import Req
 
@@ -23,20 +23,57 @@ def propose_ngram(tokens: Sequence[int], k: int, max_n: int = 4) -> List[int]:
     return []
 
 
-class NgramDrafter:
-    """Drafts from the request's own tokens: no second model, no state to keep."""
+class NgramIndex:
+    """``propose_ngram`` for one request without its scan: every n-gram of the request's
+    tokens that some token follows, mapped to where it last started. A step indexes only the
+    tokens that arrived since the last one, and a proposal is ``max_n`` lookups, so a step's
+    work no longer grows with the request's length."""
 
     def __init__(self, max_n: int = 4):
         self.max_n = max_n
+        self.tokens: List[int] = []
+        self.latest: Dict[Tuple[int, ...], int] = {}  # n-gram -> start of its latest occurrence
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Catch up on ``tokens``, the request's tokens now (those indexed, then new ones)."""
+        old = len(self.tokens)
+        self.tokens.extend(tokens[old:])
+        for end in range(max(old - 1, 0), len(self.tokens) - 1):  # a token follows each end
+            for n in range(1, min(self.max_n, end + 1) + 1):
+                self.latest[tuple(self.tokens[end - n + 1 : end + 1])] = end - n + 1
+
+    def propose(self, k: int) -> List[int]:
+        """The drafts ``propose_ngram(tokens, k, max_n)`` gives for the tokens indexed."""
+        if k <= 0:
+            return []
+        tokens = self.tokens
+        for n in range(min(self.max_n, len(tokens) - 1), 0, -1):
+            start = self.latest.get(tuple(tokens[-n:]))
+            if start is not None:
+                return tokens[start + n : start + n + k]
+        return []
+
+
+class NgramDrafter:
+    """Drafts from the request's own tokens: no second model, an index per request."""
+
+    def __init__(self, max_n: int = 4):
+        self.max_n = max_n
+        self.indexes: Dict[Req, NgramIndex] = {}
 
     def propose(self, reqs: Sequence[Req], ks: Sequence[int]) -> List[List[int]]:
-        return [propose_ngram(req.all_ids, k, self.max_n) for req, k in zip(reqs, ks)]
+        return [self._index(req).propose(k) for req, k in zip(reqs, ks)]
 
     def accepted(self, req: Req, kept_len: int) -> None:
-        pass  # nothing was computed ahead
+        pass  # nothing was computed ahead: the kept tokens are indexed when they arrive
 
     def remove(self, req: Req) -> None:
-        pass
+        self.indexes.pop(req, None)
 
     def check_integrity(self) -> None:
-        pass
+        assert not self.indexes, f"{len(self.indexes)} finished requests still indexed"
+
+    def _index(self, req: Req) -> NgramIndex:
+        index = self.indexes.setdefault(req, NgramIndex(self.max_n))
+        index.extend(req.all_ids)
+        return index

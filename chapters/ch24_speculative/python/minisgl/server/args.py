@@ -143,6 +143,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --speculative draft: a smaller model with the same tokenizer",
     )
     p.add_argument(
+        "--speculative-max-batch",
+        type=int,
+        default=d.speculative_max_batch,
+        help="decode batches of more requests run without drafts (default: %(default)s)",
+    )
+    p.add_argument(
+        "--speculative-min-tokens",
+        type=float,
+        default=d.speculative_min_tokens,
+        help="a request whose verify steps lately gave it fewer tokens a step drafts "
+        "nothing for a while (default: %(default)s)",
+    )
+    p.add_argument(
         "--shell", "--shell-mode", action="store_true", help="an interactive shell, not a server"
     )
     p.add_argument(

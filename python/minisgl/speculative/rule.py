@@ -1,0 +1,63 @@
+"""When drafts pay: a verify step costs more than a decode step, and gives more tokens only as
+far as the drafts are right. Where a batch is too large for the extra tokens to be nearly free,
+or a request's drafts are lately mostly wrong, a decode step without drafts is the better one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+from minisgl.core import Req
+
+
+@dataclass
+class _Record:
+    tokens: float = 0.0  # tokens a verify step with drafts gave the request, a running average
+    steps: int = 0  # verify steps with drafts since it last paused
+    paused_until: int = 0  # its number of sampled tokens when it may draft again
+
+
+class DraftRule:
+    """Which requests draft, and whether a batch verifies at all.
+
+    A batch of more than ``max_batch`` requests (None: no limit) decodes without drafts. A
+    request whose steps with drafts have lately given it fewer than ``min_tokens`` tokens a step
+    (a running average, after ``warmup`` such steps) drafts nothing for its next
+    ``pause_tokens`` tokens, then tries again: the text may have turned to quoting. Everything
+    it measures is the tokens themselves, so a request gets the same drafts, and with a seed
+    the same tokens, however fast the machine is."""
+
+    def __init__(
+        self,
+        max_batch: int | None,
+        min_tokens: float,
+        *,
+        warmup: int = 2,
+        pause_tokens: int = 32,
+    ):
+        self.max_batch, self.min_tokens = max_batch, min_tokens
+        self.warmup, self.pause_tokens = warmup, pause_tokens
+        self.records: Dict[Req, _Record] = {}
+
+    def batch_drafts(self, batch_size: int) -> bool:
+        return self.max_batch is None or batch_size <= self.max_batch
+
+    def may_draft(self, req: Req) -> bool:
+        record = self.records.get(req)
+        return record is None or req.num_sampled >= record.paused_until
+
+    def record(self, req: Req, drafted: int, run_len: int) -> None:
+        """A verify step gave the request ``run_len`` tokens for ``drafted`` drafts of its own
+        (padding not counted), and its ``num_sampled`` counts them already. A step it drafted
+        nothing in tells nothing about its drafts."""
+        if drafted == 0:
+            return
+        record = self.records.setdefault(req, _Record())
+        record.tokens = run_len if record.steps == 0 else (record.tokens + run_len) / 2
+        record.steps += 1
+        if record.steps >= self.warmup and record.tokens < self.min_tokens:
+            record.paused_until = req.num_sampled + self.pause_tokens
+            record.steps = 0
+
+    def remove(self, req: Req) -> None:
+        self.records.pop(req, None)
