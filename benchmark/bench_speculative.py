@@ -2,7 +2,7 @@
 
     PYTHONPATH=python python benchmark/bench_speculative.py [--model PATH | --shape NAME]
         [--batches 1,8] [--k 4] [--tokens 128] [--draft self|PATH] [--device auto]
-        [--breakdown] [--busy]
+        [--max-batch N] [--min-tokens X] [--eager] [--breakdown] [--busy]
 
 By default the real small model of the book (SmolLM2-135M-Instruct, ``examples/real_model.py``)
 on the CPU, its prompts through its chat template; or ``--shape`` (``examples/ch15_measure.py``'s
@@ -15,16 +15,18 @@ acceptance) builds its own engine and runs every prompt kind and batch size thre
 output tokens over the wall time of the ``generate``, the prefill included (the same prompts in
 every setting), and over the decode steps alone ("decode tok/s": from the end of the last step
 that processed a prefill to the end of the last step, the tokens after each request's first).
-Beside them: the speed-up over no drafts, the share of drafts kept and the tokens a request gets
-per verify forward. "n-gram" drafts at every step; "n-gram, rule" with the settings'
-defaults (``speculative_max_batch``, ``speculative_min_tokens``), which decode without drafts
-where they do not pay.
+Beside them: the speed-up over no drafts, the share of drafts kept, the tokens a request gets
+per verify forward, the share of decode steps that verified drafts and the share of those that
+ran padded to a graph's size. "n-gram" drafts at every step; "n-gram, rule" with the settings'
+defaults (``speculative_max_batch``, ``speculative_min_tokens``; ``--max-batch`` and
+``--min-tokens`` try others), which decode without drafts where they do not pay. With
+``--eager`` on a GPU one more setting, no drafts with neither CUDA graphs nor overlap.
 
 ``--breakdown`` runs each case once more with the step timer on (the device synchronized at
 every phase's edges, so its wall time is not the figures above): the host's and device's ms a
 decode step by phase (draft, prepare, forward verify or decode, accept, sample, process,
-schedule). ``--busy`` (a GPU) runs it under torch.profiler: the device's busy ms a decode step
-(the union of its kernels' intervals) and whether the verify steps replayed a CUDA graph.
+schedule). ``--busy`` (a GPU) runs it under torch.profiler: the device's busy ms a forward (the
+union of its kernels' intervals).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--min-tokens", type=float, help="the rule's speculative_min_tokens")
     p.add_argument("--breakdown", action="store_true", help="ms a decode step by phase")
     p.add_argument("--busy", action="store_true", help="device busy ms a decode step (GPU)")
+    p.add_argument("--eager", action="store_true", help="also no drafts, no graphs, no overlap")
     return p.parse_args()
 
 
@@ -260,11 +263,11 @@ def model_path(args: argparse.Namespace, tmp: str) -> str:
 
 
 def settings(args: argparse.Namespace, path: str, on_gpu: bool) -> List[Tuple[str, Dict[str, Any]]]:
-    """The settings compared: no drafts (the default a user has), on a GPU also no drafts run
-    eagerly without overlap, then n-gram drafts at every step, n-gram drafts under the rule,
-    and the draft model."""
+    """The settings compared: no drafts (the default a user has), with ``--eager`` on a GPU
+    also no drafts run without CUDA graphs or overlap, then n-gram drafts at every step,
+    n-gram drafts under the rule, and the draft model."""
     out: List[Tuple[str, Dict[str, Any]]] = [("no drafts", {})]
-    if on_gpu:
+    if on_gpu and args.eager:
         out.append(("no drafts, eager", {"cuda_graph_max_bs": 0, "overlap_scheduling": False}))
     always = {"speculative_max_batch": None, "speculative_min_tokens": 0.0}
     ngram = {"speculative": "ngram", "speculative_k": args.k}
