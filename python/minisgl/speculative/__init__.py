@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from .draft import DraftModel
 from .ngram import NgramDrafter, propose_ngram
-from .verify import accept_greedy, accept_sampled
+from .verify import accept_batch, accept_greedy, accept_sampled
 
-__all__ = ["DraftModel", "NgramDrafter", "accept_greedy", "accept_sampled", "propose_ngram"]
+__all__ = [
+    "DraftModel",
+    "NgramDrafter",
+    "accept_batch",
+    "accept_greedy",
+    "accept_sampled",
+    "propose_ngram",
+]
