@@ -235,11 +235,12 @@ def _greedy_drafts(
     target: List[int], lengths: Sequence[int], agree: Sequence[int]
 ) -> List[List[int]]:
     """Drafts of the given lengths, each equal to the target's argmax for its first ``agree``
-    tokens, then one it refuses, then anything."""
+    tokens, then one it refuses, then the argmax again: drafts after a refusal are not kept,
+    even those the target agrees with."""
     drafts, start = [], 0
     for n, a in zip(lengths, agree):
         rows = target[start : start + n + 1]
-        drafts.append([rows[j] if j < a else (rows[j] + 1 + j) % V_BATCH for j in range(n)])
+        drafts.append([(rows[j] + 1) % V_BATCH if j == a else rows[j] for j in range(n)])
         start += n + 1
     return drafts
 
@@ -292,27 +293,29 @@ def _filtered(logits: torch.Tensor, temperature: float, top_k: int, top_p: float
 
 
 def test_batched_speculative_sampling_draws_from_the_target():
-    """One batch of 66,500 requests at a vocabulary of 6, in shuffled order: sampled requests
-    with drafts right and wrong, and greedy ones. Each sampled token is distributed as the
-    target's p at its position: the first token of a run, the second after a kept draft (a
-    draft again, or its replacement), the token drawn after the last draft kept, and under a
-    temperature, top-k and top-p, p renormalised after them. The greedy requests' runs are
-    accept_greedy's."""
+    """One batch of 111,500 requests at a vocabulary of 6, in shuffled order: sampled requests,
+    in groups of one fixed draft each, and greedy ones. Whatever the draft, right or wrong, each
+    sampled token is distributed as the target's p at its position: the first token of a run,
+    the second after a kept draft (the next draft or its replacement), the token drawn after the
+    last draft, and under a temperature, top-k and top-p, p renormalised after them. A draft
+    must be fixed within a group: averaged over drafts that run through every token, a rule
+    that forgets to take the draft out of its replacement gives p too. The greedy requests'
+    runs are accept_greedy's."""
     from minisgl.core import SamplingParams
     from minisgl.speculative import accept_greedy
 
     generator = torch.Generator().manual_seed(1)
     plain = SamplingParams(temperature=1.0)
-    filtered = SamplingParams(temperature=0.7, top_k=4, top_p=0.8)
+    filtered = SamplingParams(temperature=0.7, top_k=2, top_p=0.9)  # top-k leaves out 3
     sure = torch.tensor([0.90, 0.02, 0.02, 0.02, 0.02, 0.02])  # its draft, token 0, kept often
     log_p, log_sure = P.log(), sure.log()
     requests = []  # (group, draft, its rows' logits, params)
-    for i in range(30000):  # two drafts each, every pair of tokens
-        requests.append(("two", [i % V, (i // V) % V], log_p, plain))
-    for _ in range(6000):  # one draft nearly always kept: the next token is drawn at row 1
-        requests.append(("bonus", [0], torch.stack([log_sure, log_p[2]]), plain))
-    for i in range(30000):
-        requests.append(("filtered", [i % V], log_p[:2], filtered))
+    for draft in ([0, 1], [0, 4], [3, 1]):  # p(x) 0.40 and 0.30; the second 0.10; the first 0.10
+        requests += [(f"two {draft}", draft, log_p, plain)] * 15000
+    # one draft nearly always kept: the next token is drawn at row 1
+    requests += [("bonus", [0], torch.stack([log_sure, log_p[2]]), plain)] * 6000
+    for draft in ([2], [3]):  # in top-k, and left out by it
+        requests += [(f"filtered {draft}", draft, log_p[:2], filtered)] * 20000
     for _ in range(500):
         logits = torch.randn(3, V, generator=generator)
         draft = torch.randint(0, V, (2,), generator=generator).tolist()
@@ -320,28 +323,28 @@ def test_batched_speculative_sampling_draws_from_the_target():
             draft[0] = int(logits[0].argmax())
         requests.append(("greedy", draft, logits, greedy(8)))
     order = torch.randperm(len(requests), generator=generator).tolist()
-    requests = [requests[i] for i in order]
-    groups, drafts, rows, params = zip(*requests)
+    groups, drafts, rows, params = zip(*[requests[i] for i in order])
     runs = _accept_batch(torch.cat(rows), drafts, params, seed=2)
 
     def counts(group: str, position: int) -> torch.Tensor:
         """How often each token comes out at ``position`` of the group's runs that kept every
         draft before it."""
-        tokens = [
-            run[position] for g, run in zip(groups, runs) if g == group and len(run) > position
-        ]
+        tokens = [r[position] for g, r in zip(groups, runs) if g == group and len(r) > position]
         return torch.bincount(torch.tensor(tokens), minlength=V).float()
 
-    for group, draft, _, _, run in zip(groups, drafts, rows, params, runs):
+    for draft, run in zip(drafts, runs):
         assert 1 <= len(run) <= len(draft) + 1 and run[:-1] == draft[: len(run) - 1]
-    _tv(counts("two", 0), P[0])
-    _tv(counts("two", 1), P[1])
+    for pair in ("[0, 1]", "[0, 4]", "[3, 1]"):
+        _tv(counts(f"two {pair}", 0), P[0])
+    _tv(counts("two [0, 1]", 1), P[1])
+    _tv(counts("two [0, 4]", 1), P[1])
     _tv(counts("bonus", 1), P[2])
-    target = _filtered(log_p, 0.7, 4, 0.8)
-    _tv(counts("filtered", 0), target[0])
-    _tv(counts("filtered", 1), target[1])
-    assert counts("filtered", 0)[target[0] == 0].sum() == 0  # what top-k and top-p drop
-    for group, draft, logits, _, run in zip(groups, drafts, rows, params, runs):
+    target = _filtered(log_p[:2], 0.7, 2, 0.9)
+    for draft in ("[2]", "[3]"):
+        _tv(counts(f"filtered {draft}", 0), target[0])
+    _tv(counts("filtered [2]", 1), target[1])
+    assert counts("filtered [3]", 0)[target[0] == 0].sum() == 0  # what top-k and top-p drop
+    for group, draft, logits, run in zip(groups, drafts, rows, runs):
         if group == "greedy":
             assert run == accept_greedy(draft, logits.argmax(dim=-1).tolist())
 
