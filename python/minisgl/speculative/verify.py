@@ -99,11 +99,11 @@ class _Layout:
     @classmethod
     def of(cls, drafts: Sequence[Sequence[int]], device: torch.device) -> _Layout:
         lengths = [len(d) for d in drafts]
-        rows = [*chain.from_iterable((*d, -1) for d in drafts), *lengths]
+        values = [*chain.from_iterable((*d, -1) for d in drafts), *lengths]
         # one host-to-device copy, from pinned memory on a GPU (it need not wait for the queue)
-        host = torch.tensor(rows, dtype=torch.int64, pin_memory=device.type == "cuda")
+        host = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda")
         flat = host.to(device, non_blocking=True)
-        num_rows = len(rows) - len(lengths)
+        num_rows = len(values) - len(lengths)
         draft, n = flat[:num_rows], flat[num_rows:]
         request = torch.repeat_interleave(
             torch.arange(len(drafts), device=device), n + 1, output_size=num_rows
