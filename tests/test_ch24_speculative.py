@@ -214,6 +214,179 @@ def test_a_seeded_sampled_run_repeats_itself(tiny_models):
     assert runs[0] == runs[1] and runs[0][0] != runs[0][1]
 
 
+# --- acceptance on the device: every request's run at once ---------------------------------
+
+
+def _accept_batch(
+    logits: torch.Tensor, drafts: Sequence[List[int]], params: Sequence[Any], seed: int = 0
+) -> List[List[int]]:
+    """accept_batch as the speculator calls it (a request's seed at its step 0), the runs read
+    back as lists."""
+    from minisgl.engine.sample import BatchSamplingArgs, row_seed
+    from minisgl.speculative import accept_batch
+
+    args = BatchSamplingArgs.from_params(params)
+    args.row_seeds = [row_seed(p.seed, 0) for p in params]
+    runs, lengths = accept_batch(logits, drafts, args, torch.Generator().manual_seed(seed))
+    return [run[:n] for run, n in zip(runs.tolist(), lengths.tolist())]
+
+
+def _greedy_drafts(
+    target: List[int], lengths: Sequence[int], agree: Sequence[int]
+) -> List[List[int]]:
+    """Drafts of the given lengths, each equal to the target's argmax for its first ``agree``
+    tokens, then one it refuses, then the argmax again: drafts after a refusal are not kept,
+    even those the target agrees with."""
+    drafts, start = [], 0
+    for n, a in zip(lengths, agree):
+        rows = target[start : start + n + 1]
+        drafts.append([(rows[j] + 1) % V_BATCH if j == a else rows[j] for j in range(n)])
+        start += n + 1
+    return drafts
+
+
+V_BATCH = 50
+
+
+def test_batched_greedy_acceptance_is_accept_greedy():
+    """Random logits, drafts of 0 to 6 tokens (none, all and some kept): each request's run from
+    accept_batch is accept_greedy's on the argmax of its rows."""
+    from minisgl.speculative import accept_greedy
+
+    generator = torch.Generator().manual_seed(0)
+    lengths = [0, 3, 3, 1, 6] + torch.randint(0, 7, (59,), generator=generator).tolist()
+    agree = [0, 3, 0, 1, 6] + [
+        int(torch.randint(0, n + 1, (), generator=generator)) for n in lengths[5:]
+    ]
+    logits = torch.randn(sum(lengths) + len(lengths), V_BATCH, generator=generator)
+    target = logits.argmax(dim=-1).tolist()
+    drafts = _greedy_drafts(target, lengths, agree)
+    runs = _accept_batch(logits, drafts, [greedy(8)] * len(drafts))
+    start = 0
+    for draft, a, run in zip(drafts, agree, runs):
+        assert run == accept_greedy(draft, target[start : start + len(draft) + 1])
+        assert len(run) == a + 1
+        start += len(draft) + 1
+    assert {len(r) - 1 for r in runs} >= {0, 3, 6} and 0 in lengths
+
+
+def _tv(counts: torch.Tensor, p: torch.Tensor) -> float:
+    """Total-variation distance between the frequencies ``counts`` and ``p``; asserted under
+    three times the bound on its expectation for n draws: E|f(x) - p(x)| <= sqrt(2 / pi) *
+    sqrt(p(x) (1 - p(x)) / n), and the sum of sqrt(p (1 - p)) over V tokens is at most
+    sqrt(V - 1), so E[TV] <= 0.4 * sqrt(V - 1) / sqrt(n) (0.0127 at V = 6, n = 5,000)."""
+    n = float(counts.sum())
+    tv = 0.5 * float((counts / n - p).abs().sum())
+    assert n >= 4000, n  # enough draws that the bound is tight
+    assert tv < 3 * 0.4 * (len(p) - 1) ** 0.5 / n**0.5, (tv, n, counts / n, p)
+    return tv
+
+
+def _filtered(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    from minisgl.engine.sample import top_k_top_p_filter
+
+    probs = torch.softmax(logits / temperature, dim=-1)
+    kept = top_k_top_p_filter(
+        probs, torch.tensor([top_k] * len(probs)), torch.tensor([top_p] * len(probs))
+    )
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def test_batched_speculative_sampling_draws_from_the_target():
+    """One batch of 111,500 requests at a vocabulary of 6, in shuffled order: sampled requests,
+    in groups of one fixed draft each, and greedy ones. Whatever the draft, right or wrong, each
+    sampled token is distributed as the target's p at its position: the first token of a run,
+    the second after a kept draft (the next draft or its replacement), the token drawn after the
+    last draft, and under a temperature, top-k and top-p, p renormalised after them. A draft
+    must be fixed within a group: averaged over drafts that run through every token, a rule
+    that forgets to take the draft out of its replacement gives p too. The greedy requests'
+    runs are accept_greedy's."""
+    from minisgl.core import SamplingParams
+    from minisgl.speculative import accept_greedy
+
+    generator = torch.Generator().manual_seed(1)
+    plain = SamplingParams(temperature=1.0)
+    filtered = SamplingParams(temperature=0.7, top_k=2, top_p=0.9)  # top-k leaves out 3
+    sure = torch.tensor([0.90, 0.02, 0.02, 0.02, 0.02, 0.02])  # its draft, token 0, kept often
+    log_p, log_sure = P.log(), sure.log()
+    requests = []  # (group, draft, its rows' logits, params)
+    for draft in ([0, 1], [0, 4], [3, 1]):  # p(x) 0.40 and 0.30; the second 0.10; the first 0.10
+        requests += [(f"two {draft}", draft, log_p, plain)] * 15000
+    # one draft nearly always kept: the next token is drawn at row 1
+    requests += [("bonus", [0], torch.stack([log_sure, log_p[2]]), plain)] * 6000
+    for draft in ([2], [3]):  # in top-k, and left out by it
+        requests += [(f"filtered {draft}", draft, log_p[:2], filtered)] * 20000
+    for _ in range(500):
+        logits = torch.randn(3, V, generator=generator)
+        draft = torch.randint(0, V, (2,), generator=generator).tolist()
+        if torch.rand((), generator=generator) < 0.5:  # some kept
+            draft[0] = int(logits[0].argmax())
+        requests.append(("greedy", draft, logits, greedy(8)))
+    order = torch.randperm(len(requests), generator=generator).tolist()
+    groups, drafts, rows, params = zip(*[requests[i] for i in order])
+    runs = _accept_batch(torch.cat(rows), drafts, params, seed=2)
+
+    def counts(group: str, position: int) -> torch.Tensor:
+        """How often each token comes out at ``position`` of the group's runs that kept every
+        draft before it."""
+        tokens = [r[position] for g, r in zip(groups, runs) if g == group and len(r) > position]
+        return torch.bincount(torch.tensor(tokens), minlength=V).float()
+
+    for draft, run in zip(drafts, runs):
+        assert 1 <= len(run) <= len(draft) + 1 and run[:-1] == draft[: len(run) - 1]
+    for pair in ("[0, 1]", "[0, 4]", "[3, 1]"):
+        _tv(counts(f"two {pair}", 0), P[0])
+    _tv(counts("two [0, 1]", 1), P[1])
+    _tv(counts("two [0, 4]", 1), P[1])
+    _tv(counts("bonus", 1), P[2])
+    target = _filtered(log_p[:2], 0.7, 2, 0.9)
+    for draft in ("[2]", "[3]"):
+        _tv(counts(f"filtered {draft}", 0), target[0])
+    _tv(counts("filtered [2]", 1), target[1])
+    assert counts("filtered [3]", 0)[target[0] == 0].sum() == 0  # what top-k and top-p drop
+    for group, draft, logits, run in zip(groups, drafts, rows, runs):
+        if group == "greedy":
+            assert run == accept_greedy(draft, logits.argmax(dim=-1).tolist())
+
+
+def test_a_seeded_request_keeps_its_run_in_any_batch_and_row():
+    """A seeded request's run from accept_batch alone, and at row 3 of a batch of requests with
+    more drafts, greedy, unseeded and seeded with another seed, under another generator: the
+    same run, for each of ten seeds, and the seeds do not all give the same."""
+    from minisgl.core import SamplingParams
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(4, 100, generator=generator) * 3
+    draft = logits[:3].argmax(dim=-1).tolist()  # the likeliest tokens: some kept, some not
+    others = [
+        (
+            torch.randn(7, 100, generator=generator),
+            [1, 2, 3, 4, 5, 6],
+            SamplingParams(temperature=1.0),
+        ),
+        (torch.randn(1, 100, generator=generator), [], greedy(8)),
+        (
+            torch.randn(3, 100, generator=generator),
+            [7, 8],
+            SamplingParams(temperature=0.9, seed=99),
+        ),
+        (
+            torch.randn(6, 100, generator=generator),
+            [9, 9, 9, 9, 9],
+            SamplingParams(temperature=1.0),
+        ),
+    ]
+    alone_runs = []
+    for seed in range(10):
+        params = SamplingParams(temperature=0.8, top_p=0.9, seed=seed)
+        alone = _accept_batch(logits, [draft], [params], seed=0)[0]
+        batch = [*others[:3], (logits, draft, params), *others[3:]]
+        rows, drafts, batch_params = zip(*batch)
+        assert _accept_batch(torch.cat(rows), drafts, batch_params, seed=5)[3] == alone, seed
+        alone_runs.append(alone)
+    assert len({tuple(run) for run in alone_runs}) > 1
+
+
 # --- pages, the prefix cache, aborts ----------------------------------------------------------
 
 

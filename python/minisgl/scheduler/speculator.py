@@ -10,15 +10,9 @@ import torch
 
 from minisgl.core import Batch, Req
 from minisgl.engine.engine import Engine
-from minisgl.engine.sample import BatchSamplingArgs, row_seed, top_k_top_p_filter
+from minisgl.engine.sample import BatchSamplingArgs, row_seed
 from minisgl.kvcache import create_prefix_cache
-from minisgl.speculative import (
-    DraftModel,
-    DraftRule,
-    NgramDrafter,
-    accept_greedy,
-    accept_sampled,
-)
+from minisgl.speculative import DraftModel, DraftRule, NgramDrafter, accept_batch
 
 from .cache import CacheManager
 from .config import SchedulerConfig
@@ -59,7 +53,8 @@ class Speculator:
         self.drafter: NgramDrafter | DraftModel = (
             NgramDrafter() if config.speculative == "ngram" else draft_model(config, engine)
         )
-        self._generator = torch.Generator().manual_seed(config.seed)  # unseeded requests' draws
+        # unseeded requests' draws, on the device where the verify logits are
+        self._generator = torch.Generator(device=engine.device).manual_seed(config.seed)
         self.stats = SpeculativeStats()
         self.rule = DraftRule(config.speculative_max_batch, config.speculative_min_tokens)
         engine.capture_verify_graphs(self.k + 1)  # on a GPU: verify steps replay a graph
@@ -94,7 +89,7 @@ class Speculator:
             mask(last)
             logits[ends - 1] = last
         with self.engine.timer.phase("accept"):
-            runs = self._verify(reqs, drafts, logits, ends.tolist())
+            runs = self._verify(reqs, drafts, logits)
         self.stats.forwards += 1
         for req, run, start, draft, own in zip(reqs, runs, start_lens, drafts, drafted):
             self._keep(req, run, start)
@@ -137,36 +132,17 @@ class Speculator:
         return max(min(self.k, left - 1), 0)
 
     def _verify(
-        self,
-        reqs: Sequence[Req],
-        drafts: Sequence[List[int]],
-        logits: torch.Tensor,
-        ends: Sequence[int],
+        self, reqs: Sequence[Req], drafts: Sequence[List[int]], logits: torch.Tensor
     ) -> List[List[int]]:
         """Each request's run: by the target's argmax (greedy), else by speculative
-        sampling from the target's probabilities after temperature, top-k and top-p."""
-        argmax = logits.argmax(dim=-1).tolist()
-        args = BatchSamplingArgs.from_params(
-            [r.sampling_params for r, d in zip(reqs, drafts) for _ in range(len(d) + 1)],
-            logits.device,
-        )
-        runs = []
-        for req, draft, end in zip(reqs, drafts, ends):
-            rows = slice(end - len(draft) - 1, end)
-            if req.sampling_params.is_greedy:
-                runs.append(accept_greedy(draft, argmax[rows]))
-                continue
-            probs = torch.softmax(logits[rows] / args.temperatures[rows, None], dim=-1)
-            if args.any_filter:
-                probs = top_k_top_p_filter(probs, args.top_k[rows], args.top_p[rows])
-            runs.append(accept_sampled(draft, probs.cpu(), self._generator_for(req)))
-        return runs
-
-    def _generator_for(self, req: Req) -> torch.Generator:
-        """A seeded request's own draws (from its seed and its step, as the sampler's); else
-        the speculator's."""
-        seed = row_seed(req.sampling_params.seed, req.num_sampled)
-        return self._generator if seed is None else torch.Generator().manual_seed(seed)
+        sampling from the target's probabilities after temperature, top-k and top-p. All of
+        it runs on the logits' device; the runs come back to the host in one copy."""
+        args = BatchSamplingArgs.from_params([r.sampling_params for r in reqs], logits.device)
+        # a seeded request's draws, from its seed and its step, as the sampler's
+        args.row_seeds = [row_seed(r.sampling_params.seed, r.num_sampled) for r in reqs]
+        runs, lengths = accept_batch(logits, drafts, args, self._generator)
+        table = torch.cat([runs, lengths[:, None]], dim=1).tolist()  # the step's one copy back
+        return [row[: row[-1]] for row in table]
 
     def _keep(self, req: Req, run: List[int], start_len: int) -> None:
         """The request keeps ``run``: its K and V are valid through the last draft kept, the

@@ -6,13 +6,14 @@ from __future__ import annotations
 from .draft import DraftModel
 from .ngram import NgramDrafter, NgramIndex, propose_ngram
 from .rule import DraftRule
-from .verify import accept_greedy, accept_sampled
+from .verify import accept_batch, accept_greedy, accept_sampled
 
 __all__ = [
     "DraftModel",
     "DraftRule",
     "NgramDrafter",
     "NgramIndex",
+    "accept_batch",
     "accept_greedy",
     "accept_sampled",
     "propose_ngram",
