@@ -119,7 +119,7 @@ def grammar_clock(llm: LLM) -> Iterator[Dict[str, float]]:
         yield seconds
 
 
-MASK_WORK = {"catch_up_rows": "catch up", "fill_bitmask": "fill"}  # constraints.py's names
+MASK_WORK = {"catch_up_all": "catch up", "fill_bitmask": "fill"}  # constraints.py's names
 
 
 @contextmanager
