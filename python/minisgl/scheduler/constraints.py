@@ -1,10 +1,11 @@
 """The scheduler's constrained requests: a grammar each, compiled when the request
-arrives, followed token by token, and the bitmask of a batch's constrained rows filled while
-the batch's forward runs on the device."""
+arrives, followed token by token, and the bitmask of a batch's constrained rows filled on a
+thread of its own while the batch's forward is prepared and runs."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
 
@@ -13,6 +14,7 @@ from minisgl.structured import (
     GrammarCompiler,
     RequestGrammar,
     apply_bitmask,
+    catch_up_all,
     constraint_of,
     fill_bitmask,
 )
@@ -28,6 +30,9 @@ class GrammarManager:
         self.tokenizer_path, self.vocab_size = tokenizer_path, vocab_size
         self._compiler: GrammarCompiler | None = None
         self.grammars: Dict[Req, RequestGrammar] = {}
+        self._worker: ThreadPoolExecutor | None = None  # made at the first constrained batch
+        self._filling: Future | None = None  # the last mask's work, which owns the matchers
+        self._pin = torch.cuda.is_available()
 
     def add(self, req: Req) -> None:
         """Compile the request's constraint, if it has one; a ValueError with xgrammar's
@@ -52,22 +57,26 @@ class GrammarManager:
         return self._compiler
 
     def remove(self, req: Req) -> None:
+        self._settle()
         self.grammars.pop(req, None)
 
     def is_done(self, req: Req) -> bool:
-        """Its grammar is complete and ended with its stop token (after the host's tokens)."""
+        """Its grammar is complete and ended with its stop token (after the host's tokens; with
+        overlap the mask has accepted the token already, and nothing is left to catch up)."""
         grammar = self.grammars.get(req)
         if grammar is None:
             return False
+        self._settle()
         grammar.catch_up(req.output_ids)
         return grammar.is_terminated
 
     def mask_for(self, batch: Batch, pending: Pending) -> Callable[[torch.Tensor], None] | None:
         """What the engine calls on the batch's logits before sampling, or None when no row
         samples under a grammar (a free batch costs nothing). ``pending`` gives the tokens of
-        the batch still in flight, which the matchers need before they can say
-        what comes next; waiting for them here lets the device run this batch's forward
-        meanwhile."""
+        the batch still in flight, which the matchers need before they can say what comes
+        next. The work starts here, on the manager's thread: it waits for those tokens, catches
+        the matchers up and fills the bitmask while this thread prepares the batch and runs its
+        forward (on a CPU, computes it); the callback waits for it and applies the bitmask."""
         rows = [
             (i, self.grammars[r])
             for i, r in enumerate(batch.reqs)
@@ -75,22 +84,40 @@ class GrammarManager:
         ]  # not a mid chunk
         if not rows:
             return None
+        self._settle()  # the matchers are the last mask's until its work is over
+        work = self.worker.submit(self._fill, batch, rows, pending)
+        self._filling = work
 
         def mask(logits: torch.Tensor) -> None:
-            in_flight = pending()
-            for i, grammar in rows:
-                req = batch.reqs[i]
-                grammar.catch_up(req.output_ids + _one(in_flight.get(req)))
-            bitmask, live = fill_bitmask(
-                rows, batch.size, self.vocab_size, pin_memory=logits.is_cuda
-            )
+            bitmask, live = work.result()  # raises what the work raised
             apply_bitmask(logits, bitmask, live)
 
         return mask
 
+    @property
+    def worker(self) -> ThreadPoolExecutor:
+        """One thread: a batch's mask work follows the one before it, in order."""
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        return self._worker
 
-def _one(token: int | None) -> List[int]:
-    return [] if token is None else [token]
+    def _fill(self, batch: Batch, rows: Rows, pending: Pending) -> Tuple[torch.Tensor, List[int]]:
+        """On the worker: every row's matcher caught up (the in-flight token too), then the
+        batch's bitmask and the rows to apply it to."""
+        in_flight = pending()
+        reqs = batch.reqs
+        catch_up_all([(g, g.behind(reqs[i].output_ids, in_flight.get(reqs[i]))) for i, g in rows])
+        # pinned where there is a GPU: a copy from pageable memory waits for the device
+        return fill_bitmask(rows, batch.size, self.vocab_size, pin_memory=self._pin)
+
+    def _settle(self) -> None:
+        """Wait for the last mask's work, which may still be reading the matchers."""
+        if self._filling is not None:
+            self._filling.exception()  # its error, if any, goes to the mask's callback
+            self._filling = None
+
+
+Rows = List[Tuple[int, RequestGrammar]]  # (batch row, its grammar) of the constrained rows
 
 
 def pending_tokens(

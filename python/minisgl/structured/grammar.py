@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, Dict, List, Literal
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Sequence, Tuple
 
 import torch
 
@@ -86,10 +86,19 @@ class RequestGrammar:
         self.vocab_size = vocab_size
         self.accepted = 0
 
+    def behind(self, output_ids: List[int], in_flight: int | None = None) -> List[int]:
+        """The tokens of ``output_ids`` (then ``in_flight``, if any) not accepted yet."""
+        tokens = output_ids[self.accepted :]
+        return tokens if in_flight is None else tokens + [in_flight]
+
     def catch_up(self, output_ids: List[int]) -> None:
-        """Accept the output tokens the matcher has not seen. A token the grammar refuses is a
+        """Accept the output tokens the matcher has not seen."""
+        self.accept(output_ids[self.accepted :])
+
+    def accept(self, tokens: List[int]) -> None:
+        """Accept the tokens that follow the ``accepted`` ones. A token the grammar refuses is a
         bug of the mask (it was sampled under it), so it raises rather than being skipped."""
-        for token in output_ids[self.accepted :]:
+        for token in tokens:
             if self.is_terminated:
                 break  # tokens after the grammar's end (an EOS ignored): nothing to follow
             if not self._matcher.accept_token(token):
@@ -112,10 +121,34 @@ class RequestGrammar:
             words[-1] &= (1 << self.vocab_size % 32) - 1
         return any(words)
 
+    @property
+    def matcher(self) -> xgrammar.GrammarMatcher:
+        return self._matcher
+
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         """Row ``row`` of ``bitmask`` (int32, 32 tokens a word, on the host): the tokens the
         grammar allows next."""
         self._matcher.fill_next_token_bitmask(bitmask, row)
+
+
+def catch_up_all(behind: Sequence[Tuple[RequestGrammar, List[int]]]) -> None:
+    """Each grammar accepts its tokens not yet accepted (``RequestGrammar.behind``). Those one
+    token behind, a decode step's usual case, take it in one xgrammar call for all of them, not
+    a Python call each; the others accept theirs one at a time."""
+    import xgrammar
+
+    one = [(g, tokens[0]) for g, tokens in behind if len(tokens) == 1 and not g.is_terminated]
+    for grammar, tokens in behind:
+        if len(tokens) != 1:
+            grammar.accept(tokens)
+    if not one:
+        return
+    matchers = [g.matcher for g, _ in one]
+    accepted = xgrammar.BatchGrammarMatcher.batch_accept_token(matchers, [t for _, t in one])
+    for (grammar, token), ok in zip(one, accepted):
+        if not ok:
+            raise RuntimeError(f"token {token} breaks the grammar: the mask let it through")
+        grammar.accepted += 1
 
 
 def _message(error: Exception) -> str:
