@@ -836,6 +836,17 @@ def test_a_request_whose_drafts_do_not_pay_pauses_then_tries_again():
     assert rule.may_draft(req)
     verified(req, 4, 1)
     assert rule.may_draft(req)  # measured afresh after a pause
+    verified(req, 4, 1)  # too few again, with no good measure between: twice as long
+    req.device_len += 15
+    assert not rule.may_draft(req)
+    req.device_len += 1
+    assert rule.may_draft(req)
+    verified(req, 4, 3)
+    verified(req, 4, 3)  # (3 + 3) / 2 >= 2: a good measure, the next pause is short again
+    verified(req, 4, 1)
+    verified(req, 4, 1)  # (1 + 1) / 2 < 2
+    req.device_len += 8
+    assert rule.may_draft(req)
     for _ in range(5):
         verified(good, 4, 3)
     assert rule.may_draft(good)

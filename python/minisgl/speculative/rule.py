@@ -15,6 +15,7 @@ class _Record:
     tokens: float = 0.0  # tokens a verify step with drafts gave the request, a running average
     steps: int = 0  # verify steps with drafts since it last paused
     paused_until: int = 0  # its number of sampled tokens when it may draft again
+    pauses: int = 0  # pauses in a row: each one twice as long as the last
 
 
 class DraftRule:
@@ -23,7 +24,9 @@ class DraftRule:
     A batch of more than ``max_batch`` requests (None: no limit) decodes without drafts. A
     request whose steps with drafts have lately given it fewer than ``min_tokens`` tokens a step
     (a running average, after ``warmup`` such steps) drafts nothing for its next
-    ``pause_tokens`` tokens, then tries again: the text may have turned to quoting. Everything
+    ``pause_tokens`` tokens, then tries again: the text may have turned to quoting. Each pause
+    that follows another without a good measure between is twice as long, up to
+    ``max_doublings`` times, so that text that never repeats pays for few tries. Everything
     it measures is the tokens themselves, so a request gets the same drafts, and with a seed
     the same tokens, however fast the machine is."""
 
@@ -34,9 +37,10 @@ class DraftRule:
         *,
         warmup: int = 2,
         pause_tokens: int = 32,
+        max_doublings: int = 3,
     ):
         self.max_batch, self.min_tokens = max_batch, min_tokens
-        self.warmup, self.pause_tokens = warmup, pause_tokens
+        self.warmup, self.pause_tokens, self.max_doublings = warmup, pause_tokens, max_doublings
         self.records: Dict[Req, _Record] = {}
 
     def batch_drafts(self, batch_size: int) -> bool:
@@ -55,9 +59,14 @@ class DraftRule:
         record = self.records.setdefault(req, _Record())
         record.tokens = run_len if record.steps == 0 else (record.tokens + run_len) / 2
         record.steps += 1
-        if record.steps >= self.warmup and record.tokens < self.min_tokens:
-            record.paused_until = req.num_sampled + self.pause_tokens
-            record.steps = 0
+        if record.steps < self.warmup:
+            return
+        if record.tokens >= self.min_tokens:
+            record.pauses = 0
+            return
+        pause = self.pause_tokens << min(record.pauses, self.max_doublings)
+        record.paused_until, record.steps = req.num_sampled + pause, 0
+        record.pauses += 1
 
     def remove(self, req: Req) -> None:
         self.records.pop(req, None)
