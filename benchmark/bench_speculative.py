@@ -32,6 +32,7 @@ union of its kernels' intervals).
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import tempfile
@@ -204,6 +205,7 @@ def measure(
             results[kind, batch] = row
     llm.shutdown()
     del llm
+    gc.collect()  # the counters' wrappers hold the engine in a cycle: free its KV pool now
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return results

@@ -655,6 +655,14 @@ def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
             r"speculative_k must be in \[1, 16\], got 17",
         ),
         (dict(speculative="ngram", tp_size=2), "speculative decoding runs at tp_size=1 only"),
+        (
+            dict(speculative="ngram", speculative_max_batch=0),
+            "speculative_max_batch must be >= 1 or None, got 0",
+        ),
+        (
+            dict(speculative="ngram", speculative_min_tokens=5.5),
+            r"speculative_min_tokens must be in \[0, speculative_k \+ 1\], got 5.5",
+        ),
     ],
 )
 def test_a_bad_setting_gets_one_clear_error(tiny_models, options, message):
@@ -685,6 +693,11 @@ def test_the_command_line_sets_speculation():
         None,
     )
     assert parse_args(["--model", "/m"]).scheduler_config().speculative is None
+    rule = parse_args(
+        ["--model", "/m", "--speculative", "ngram", "--speculative-max-batch", "16"]
+        + ["--speculative-min-tokens", "2.5"]
+    ).scheduler_config()
+    assert (rule.speculative_max_batch, rule.speculative_min_tokens) == (16, 2.5)
     for bad in (
         ["--speculative", "eagle"],
         ["--speculative", "draft"],
