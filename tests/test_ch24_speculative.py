@@ -605,9 +605,12 @@ def test_a_run_that_holds_eos_ends_there(tiny_models, monkeypatch):
 # --- speculation beside structured output -----------------------------------------------------
 
 
-def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
+@pytest.mark.parametrize("graph_bs", [None, 8])
+def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models, graph_bs):
     """A constrained request drafts nothing but runs in the same verify batch: its output is
-    valid and equals its tokens without speculation, and the free rows keep greedy's."""
+    valid and equals its tokens without speculation, and the free rows keep greedy's. With
+    verify batches padded (``graph_bs``), its row is padded to k drafts like the others, its
+    first row masked and its run cut to one token."""
     pytest.importorskip("xgrammar")
     jsonschema = pytest.importorskip("jsonschema")
     from minisgl.core import SamplingParams
@@ -630,7 +633,7 @@ def test_constrained_rows_and_free_rows_share_a_speculative_batch(tiny_models):
     ]
     path = tiny_models["llama3"]
     expected = _llm(path).generate(PROMPTS, params)
-    llm = _llm(path, speculative="ngram", speculative_k=4)
+    llm = _llm(path, speculative="ngram", speculative_k=4, cuda_graph_max_bs=graph_bs)
     outs = llm.generate(PROMPTS, params)
     assert [o["token_ids"] for o in outs] == [o["token_ids"] for o in expected]
     assert re.fullmatch(date, outs[1]["text"])
@@ -941,3 +944,36 @@ def test_verify_graphs_cover_the_decode_graphs_within_a_token_budget(tiny_models
         engine = llm.scheduler.engine
         assert engine.graph_runner.max_bs == 128
         assert engine.verify_runner is not None and engine.verify_runner.max_bs == largest
+
+
+def test_every_verify_step_pads_to_k_near_max_tokens(tiny_models):
+    """Requests a few tokens from max_tokens still bring k drafts, so every verify step runs
+    padded to a graph's size; the drafts past a request's last position go to the dummy page,
+    no run is longer than max_tokens allows, and the tokens are greedy's with every page back."""
+    from minisgl.core import SamplingParams
+
+    path = tiny_models["llama3"]
+    params = [SamplingParams(max_tokens=n) for n in (2, 3, 6, 11)]
+    want = [o["token_ids"] for o in _llm(path).generate(PROMPTS, params)]
+    llm = _llm(path, cuda_graph_max_bs=8, speculative="ngram", speculative_k=4)
+    engine = llm.scheduler.engine
+    padded, verified, dummy_tokens = [], [], []
+    pad, verify, prepare = engine.verify_runner.pad, engine.verify_logits, engine.prepare_batch
+    engine.verify_runner.pad = lambda batch: padded.append(batch.size) or pad(batch)
+    engine.verify_logits = lambda batch: verified.append(batch.size) or verify(batch)
+
+    def prepare_batch(batch: Any) -> None:
+        prepare(batch)
+        if batch.phase == "verify":
+            dummy = batch.table_rows == engine.dummy_req.table_idx
+            dummy_tokens.append(int(dummy.sum()) - 4 * (batch.size - len(verified_reqs(batch))))
+
+    def verified_reqs(batch: Any) -> List[Any]:
+        return [r for r in batch.reqs if r is not engine.dummy_req]
+
+    engine.prepare_batch = prepare_batch
+    got = [o["token_ids"] for o in llm.generate(PROMPTS, params)]
+    assert got == want
+    assert verified and len(padded) == len(verified)
+    assert any(n > 0 for n in dummy_tokens)  # some request's drafts ran past its last position
+    assert_pages_all_back(llm.scheduler)

@@ -160,6 +160,8 @@ class Engine:
         ids = [t for r in reqs for t in _host_ids(r)]
         positions = [p for r in reqs for p in range(r.cached_len, r.device_len)]
         rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
+        if batch.phase == "verify":  # drafts past a request's last position: the dummy page
+            rows = _rows_within_max_len(reqs, rows, self.dummy_req.table_idx)
         last = [i - 1 for i in accumulate(r.extend_len for r in reqs)]  # each request's last token
         plan = batch.logprob_plan = plan_logprobs(reqs, batch.is_prefill)
         # a request that asks its prompt's log-probabilities needs the logits of all its tokens
@@ -316,6 +318,20 @@ def _sampled_table_rows(run: Batch) -> torch.Tensor:
     """The page-table row of each request's sampled token."""
     rows = run.table_rows if run.logits_rows is None else run.table_rows[run.logits_rows]
     return rows if run.sample_rows is None else rows[run.sample_rows]
+
+
+def _rows_within_max_len(reqs: List[Req], rows: List[int], dummy_row: int) -> List[int]:
+    """Each token's page-table row, the dummy request's for a token at or past its request's
+    last position (``max_len - 1``): a verify step pads every request to k drafts, and those of
+    a request near max_tokens lie past the pages reserved for it. Their K and V go to the dummy
+    page, and the request never keeps them."""
+    out, i = list(rows), 0
+    for req in reqs:
+        for position in range(req.cached_len, req.device_len):
+            if position >= req.max_len - 1:
+                out[i] = dummy_row
+            i += 1
+    return out
 
 
 def _host_ids(req: Req) -> List[int]:

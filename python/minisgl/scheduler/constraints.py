@@ -85,7 +85,10 @@ class GrammarManager:
         if not rows:
             return None
         self._settle()  # the matchers are the last mask's until its work is over
-        work = self.worker.submit(self._fill, batch, rows, pending)
+        # each row's output as it is now: the scheduler's thread may append to it meanwhile
+        # (a verify step's drafts, for the length of its forward)
+        outputs = [batch.reqs[i].output_ids[:] for i, _ in rows]
+        work = self.worker.submit(self._fill, batch, rows, outputs, pending)
         self._filling = work
 
         def mask(logits: torch.Tensor) -> None:
@@ -101,12 +104,17 @@ class GrammarManager:
             self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
         return self._worker
 
-    def _fill(self, batch: Batch, rows: Rows, pending: Pending) -> Tuple[torch.Tensor, List[int]]:
-        """On the worker: every row's matcher caught up (the in-flight token too), then the
-        batch's bitmask and the rows to apply it to."""
+    def _fill(
+        self, batch: Batch, rows: Rows, outputs: List[List[int]], pending: Pending
+    ) -> Tuple[torch.Tensor, List[int]]:
+        """On the worker: every row's matcher caught up with its output (``outputs``, taken at
+        ``mask_for``) and the in-flight token, then the batch's bitmask and the rows to apply
+        it to."""
         in_flight = pending()
         reqs = batch.reqs
-        catch_up_all([(g, g.behind(reqs[i].output_ids, in_flight.get(reqs[i]))) for i, g in rows])
+        catch_up_all(
+            [(g, g.behind(output, in_flight.get(reqs[i]))) for (i, g), output in zip(rows, outputs)]
+        )
         # pinned where there is a GPU: a copy from pageable memory waits for the device
         return fill_bitmask(rows, batch.size, self.vocab_size, pin_memory=self._pin)
 

@@ -73,29 +73,31 @@ class Speculator:
         if not any(drafts):  # nothing to verify: a decode step costs less than a verify step
             return self._decode(batch, mask)
         drafted = [len(d) for d in drafts]  # the request's own, before any padding
-        if self.engine.verify_runner is not None:  # a graph needs k drafts a request
-            drafts = [_padded(r, d, k) for r, d, k in zip(reqs, drafts, ks)]
+        if self._can_pad(reqs):  # a graph needs k drafts a request, whatever each may keep
+            drafts = [_padded(r, d, self.k) for r, d in zip(reqs, drafts)]
         start_lens = [r.device_len for r in reqs]
         for req, draft in zip(reqs, drafts):  # run as if sampled, so the forward reads them
             req.output_ids.extend(draft)
             req.device_len += len(draft)
-        self.cache_manager.allocate(reqs)
+        self._allocate(reqs)
         logits = self.engine.verify_logits(Batch(reqs, "verify"))  # [sum(len(d) + 1), V]
         for req, draft in zip(reqs, drafts):
             del req.output_ids[len(req.output_ids) - len(draft) :]
-        ends = torch.tensor([len(d) + 1 for d in drafts]).cumsum(0)
-        if mask is not None:  # a constrained request's one row is its last
-            last = logits[ends - 1]
-            mask(last)
-            logits[ends - 1] = last
+        starts = torch.tensor([0] + [len(d) + 1 for d in drafts[:-1]]).cumsum(0)
+        if mask is not None:  # a constrained request's one row: the first, it drafts nothing
+            rows = starts + torch.tensor([min(k, len(d)) for k, d in zip(ks, drafts)])
+            own = logits[rows]
+            mask(own)
+            logits[rows] = own
         with self.engine.timer.phase("accept"):
             runs = self._verify(reqs, drafts, logits)
+        runs = [run[: k + 1] for run, k in zip(runs, ks)]  # no more than the request may keep
         self.stats.forwards += 1
-        for req, run, start, draft, own in zip(reqs, runs, start_lens, drafts, drafted):
+        for req, run, start, k, draft, own in zip(reqs, runs, start_lens, ks, drafts, drafted):
             self._keep(req, run, start)
             self.rule.record(req, own, len(run))
             self.stats.steps += 1
-            self.stats.proposed += len(draft)
+            self.stats.proposed += min(len(draft), k)  # the drafts it could have kept
             self.stats.accepted += len(run) - 1
         return runs, [len(d) + 1 for d in drafts]
 
@@ -144,10 +146,31 @@ class Speculator:
         table = torch.cat([runs, lengths[:, None]], dim=1).tolist()  # the step's one copy back
         return [row[: row[-1]] for row in table]
 
+    def _can_pad(self, reqs: Sequence[Req]) -> bool:
+        """Whether every request can bring k drafts, so that the step replays a verify graph:
+        there is one, and no request's k + 1 tokens would reach past its page-table row (a
+        request at the model's context limit runs its step eagerly)."""
+        if self.engine.verify_runner is None:
+            return False
+        width = self.engine.page_table.shape[1]
+        return all(r.device_len + self.k <= width for r in reqs)
+
+    def _allocate(self, reqs: Sequence[Req]) -> None:
+        """Pages for the step's tokens, but none past a request's last position (``max_len -
+        1``, all its reservation covers): the drafts of a request near max_tokens that pad
+        its run to k are written to the dummy page (``Engine.prepare_batch``), and never
+        kept."""
+        device_lens = [r.device_len for r in reqs]
+        for req in reqs:
+            req.device_len = min(req.device_len, req.max_len - 1)
+        self.cache_manager.allocate(list(reqs))
+        for req, device_len in zip(reqs, device_lens):
+            req.device_len = device_len
+
     def _keep(self, req: Req, run: List[int], start_len: int) -> None:
         """The request keeps ``run``: its K and V are valid through the last draft kept, the
         pages past that go back, and the run counts as sampled (the host appends it)."""
-        held = req.cached_len  # the forward cached every draft
+        held = min(req.cached_len, req.max_len - 1)  # the forward's, within the pages taken
         req.cached_len = start_len - 1 + len(run)  # its last token and the drafts kept
         req.device_len = req.cached_len + 1
         self.cache_manager.free_tail(req, held)
