@@ -92,18 +92,30 @@ def noisy_copy(path: str, directory: str, scale: float, seed: int = 1) -> str:
 
 
 def run_engine(path: str, **spec: object) -> tuple:
+    """The outputs, and the target's decode steps and request-steps, with drafts or without
+    (a step in which no request drafts is a plain decode step)."""
     llm = LLM(path, device="cpu", page_size=4, num_pages=64, **spec)
+    engine, decodes = llm.scheduler.engine, []
+    forward_batch = engine.forward_batch
+
+    def counted(batch, *args):  # a decode step: the scheduler's own, or the speculator's
+        if batch.phase == "decode":
+            decodes.append(batch.size)
+        return forward_batch(batch, *args)
+
+    engine.forward_batch = counted
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24))
     tokens = [out["token_ids"] for out in outs]
-    return llm, tokens
+    speculator = llm.scheduler.speculator
+    verified = (speculator.stats.forwards, speculator.stats.steps) if speculator else (0, 0)
+    return llm, tokens, len(decodes) + verified[0], sum(decodes) + verified[1]
 
 
 def show_engine(models: Dict[str, str]) -> None:
     """Greedy on a tiny Llama 3: no drafts; n-gram drafts; draft models that agree with it
     less and less (noisy copies of it, then a model of unrelated weights); the target as its
     own draft. The tokens are the same every time; the target's forwards are not."""
-    _, base = run_engine(models["target"])
-    steps = max(len(t) for t in base) - 1  # decode steps of the longest request, after prefill
+    _, base, steps, _ = run_engine(models["target"])
     print(
         f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {steps} decode forwards without drafts"
     )
@@ -112,12 +124,12 @@ def show_engine(models: Dict[str, str]) -> None:
         for name in ("target", "noise 0.1", "noise 0.3", "qwen3")
     ]
     for label, spec in runs:
-        llm, tokens = run_engine(models["target"], speculative_k=4, **spec)
+        llm, tokens, forwards, request_steps = run_engine(models["target"], speculative_k=4, **spec)
         stats = llm.scheduler.speculator.stats
         print(
-            f"  {label:>15}, k=4: same tokens {tokens == base}, {stats.forwards:>2} forwards,"
+            f"  {label:>15}, k=4: same tokens {tokens == base}, {forwards:>2} forwards,"
             f" kept {stats.accepted:>2} of {stats.proposed:>3} drafts ({stats.acceptance:4.0%}),"
-            f" {stats.tokens_per_step:.2f} tokens a step"
+            f" {(stats.accepted + request_steps) / request_steps:.2f} tokens a step"
         )
     print(f"  first prompt's tokens: {base[0]}")
 
@@ -147,7 +159,7 @@ def show_pages_given_back(models: Dict[str, str]) -> None:
     llm.generate([PROMPTS[0]], SamplingParams(max_tokens=24))
     stats = llm.scheduler.speculator.stats
     print(f"\npages given back at each step (page_size 4, k=6, the noise 0.3 draft): {freed}")
-    print(f"  {stats.forwards} steps kept {stats.accepted} of {stats.proposed} drafts")
+    print(f"  {stats.forwards} verify steps kept {stats.accepted} of {stats.proposed} drafts")
     free, cached = cache.num_free_pages, cache.prefix_cache.size_info.total_size // 4
     print(f"  idle: {free} free + {cached} cached = {free + cached} of {cache.num_pages} pages")
 

@@ -23,7 +23,7 @@ Mask = Callable[[torch.Tensor], None]  # structured output's mask, by batch row
 @dataclass
 class SpeculativeStats:
     """What speculation has done so far: verify forwards of the target, request-steps in them,
-    drafts proposed and kept. Decode steps without drafts are not counted."""
+    drafts proposed and kept. Decode steps in which no request drafted are not counted."""
 
     forwards: int = 0  # verify forwards of the target, one a step
     steps: int = 0  # one per request per step
