@@ -1,12 +1,11 @@
 """Chapter 23: the mask's host work under overlap scheduling. A large batch of constrained rows,
 each under a constraint unlike its neighbours', matches its constraints and gives the tokens of a
 run without overlap; the batched catch-up and fill treat every row as its own matcher would;
-the work runs on the grammar manager's thread, started before the engine asks for the mask."""
+the mask follows each row's output as it was when the batch was launched."""
 
 from __future__ import annotations
 
 import re
-import threading
 from typing import Any, List
 
 import pytest
@@ -129,26 +128,20 @@ def test_the_batch_fill_gives_each_row_its_own_matchers_mask(compiler):
     assert not torch.equal(bitmask[7], bitmask[2])
 
 
-def test_the_mask_work_runs_on_its_own_thread_before_the_engine_asks(tiny_models):
-    """mask_for starts the work (waiting for the in-flight tokens first) on another thread; the
-    callback the engine calls later only applies it."""
+def test_the_mask_follows_the_output_as_mask_for_saw_it(tiny_models):
+    """A verify step (chapter 24) appends its drafts to a row's output between mask_for and the
+    callback: the matcher catches up with the output mask_for saw, not with the drafts, and the
+    mask is applied (digits only, as the pattern's first character wants)."""
     from minisgl.core import Batch, Req, SamplingParams
 
     manager = _llm(tiny_models["qwen3"]).scheduler.grammars
     req = Req(0, [1, 2, 3], SamplingParams(max_tokens=8, regex=CODE), cached_len=3)
     manager.add(req)
-    asked = threading.Event()
-    threads = []
-
-    def pending() -> dict:
-        threads.append(threading.current_thread())
-        asked.set()
-        return {}
-
-    mask = manager.mask_for(Batch([req], "decode"), pending)
-    assert mask is not None and asked.wait(10), "no work started before the callback"
-    assert threads == [threads[0]] and threads[0] is not threading.main_thread()
+    mask = manager.mask_for(Batch([req], "decode"), lambda: {})
+    assert mask is not None
+    req.output_ids.extend([7, 7, 7])  # drafts for the length of a forward: not the output's
     logits = torch.zeros(1, manager.vocab_size)
     mask(logits)
+    assert manager.grammars[req].accepted == 0
     allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
-    assert allowed and len(allowed) < manager.vocab_size  # digits only: the mask was applied
+    assert allowed and len(allowed) < manager.vocab_size

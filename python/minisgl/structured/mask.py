@@ -24,9 +24,9 @@ def fill_bitmask(
     of its own per batch row, as xgrammar's kernel indexes the mask by the logits' row; a
     terminated grammar's row is left out, since that request has finished and its token will
     be dropped; rows left out are not written (nothing reads them). The rows are filled by one
-    xgrammar call, in C++ on its own threads and without Python's lock, so that the scheduler's
-    thread runs meanwhile. ``pin_memory`` for a GPU: a copy from pageable memory may wait
-    for the device to run everything queued before it (the forward it should overlap)."""
+    xgrammar call, in C++ on its own threads, not by a Python loop over them. ``pin_memory``
+    for a GPU: a copy from pageable memory may wait for the device to run everything queued
+    before it (the forward it should overlap)."""
 
     words = -(-vocab_size // 32)  # xgrammar's allocate_token_bitmask, in pinned memory if asked
     bitmask = torch.empty((batch_size, words), dtype=torch.int32, pin_memory=pin_memory)
