@@ -114,7 +114,8 @@ def run_engine(path: str, **spec: object) -> tuple:
 def show_engine(models: Dict[str, str]) -> None:
     """Greedy on a tiny Llama 3: no drafts; n-gram drafts; draft models that agree with it
     less and less (noisy copies of it, then a model of unrelated weights); the target as its
-    own draft. The tokens are the same every time; the target's forwards are not."""
+    own draft; all of them drafting at every step (the rule off), then the noisier copy under
+    the rule's defaults. The tokens are the same every time; the target's forwards are not."""
     _, base, steps, _ = run_engine(models["target"])
     print(
         f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {steps} decode forwards without drafts"
@@ -124,7 +125,9 @@ def show_engine(models: Dict[str, str]) -> None:
         for name in ("target", "noise 0.1", "noise 0.3", "qwen3")
     ]
     for label, spec in runs:
-        llm, tokens, forwards, request_steps = run_engine(models["target"], speculative_k=4, **spec)
+        llm, tokens, forwards, request_steps = run_engine(
+            models["target"], speculative_k=4, speculative_min_tokens=0.0, **spec
+        )
         stats = llm.scheduler.speculator.stats
         print(
             f"  {label:>15}, k=4: same tokens {tokens == base}, {forwards:>2} forwards,"
@@ -132,6 +135,15 @@ def show_engine(models: Dict[str, str]) -> None:
             f" {(stats.accepted + request_steps) / request_steps:.2f} tokens a step"
         )
     print(f"  first prompt's tokens: {base[0]}")
+    noisy = {"speculative": "draft", "draft_model": models["noise 0.3"]}
+    llm, tokens, forwards, _ = run_engine(models["target"], speculative_k=4, **noisy)
+    stats = llm.scheduler.speculator.stats
+    print(
+        f"  draft noise 0.3 under the rule (a request pauses below"
+        f" {llm.scheduler.config.speculative_min_tokens} tokens a step): same tokens"
+        f" {tokens == base}, {forwards} forwards, {stats.forwards} of them verifying"
+        f" {stats.proposed} drafts"
+    )
 
 
 def show_pages_given_back(models: Dict[str, str]) -> None:
@@ -145,6 +157,7 @@ def show_pages_given_back(models: Dict[str, str]) -> None:
         speculative="draft",
         draft_model=models["noise 0.3"],
         speculative_k=6,
+        speculative_min_tokens=0.0,  # every step drafts, however few it keeps
     )
     cache = llm.scheduler.cache_manager
     freed: List[int] = []

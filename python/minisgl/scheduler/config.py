@@ -22,8 +22,8 @@ class SchedulerConfig(EngineConfig):
     # where drafts do not pay, a decode step runs without them: a batch of more requests than
     # speculative_max_batch (None: no limit), and a request whose verify steps lately gave it
     # fewer than speculative_min_tokens tokens a step (0: never) drafts nothing for a while
-    speculative_max_batch: int | None = None
-    speculative_min_tokens: float = 0.0
+    speculative_max_batch: int | None = 32
+    speculative_min_tokens: float = 2.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
