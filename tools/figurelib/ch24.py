@@ -54,6 +54,7 @@ def measure(target: str, draft: str, k: int, noise: float, base: List[List[int]]
         speculative="draft",
         draft_model=draft,
         speculative_k=k,
+        speculative_min_tokens=0.0,  # every step drafts: the curve, not the rule
     )
     speculator = llm.scheduler.speculator
     reached = 0
