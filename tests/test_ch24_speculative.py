@@ -977,3 +977,33 @@ def test_every_verify_step_pads_to_k_near_max_tokens(tiny_models):
     assert verified and len(padded) == len(verified)
     assert any(n > 0 for n in dummy_tokens)  # some request's drafts ran past its last position
     assert_pages_all_back(llm.scheduler)
+
+
+def test_a_request_at_the_context_limit_verifies_eagerly(tiny_models):
+    """A request whose k drafts would run past its page-table row (the model's context limit,
+    here 30 tokens) cannot pad to k: its last steps run unpadded, and its tokens are greedy's."""
+    from minisgl.core import SamplingParams
+
+    path = tiny_models["llama3"]
+    prompt = [[5, 6, 7, 8] * 4]
+    params = SamplingParams(max_tokens=15)
+    want = [o["token_ids"] for o in _llm(path, 1, max_seq_len=30).generate(prompt, params)]
+    llm = _llm(  # the model as its own draft: a draft at every step, up to the last
+        path,
+        1,  # pages of one token: the row is exactly the context, 30 positions
+        max_seq_len=30,
+        cuda_graph_max_bs=8,
+        speculative="draft",
+        draft_model=str(path),
+        speculative_k=4,
+        speculative_min_tokens=0.0,
+    )
+    engine = llm.scheduler.engine
+    assert engine.page_table.shape[1] == 30
+    padded, verified = [], []
+    pad, verify = engine.verify_runner.pad, engine.verify_logits
+    engine.verify_runner.pad = lambda batch: padded.append(batch.size) or pad(batch)
+    engine.verify_logits = lambda batch: verified.append(batch.size) or verify(batch)
+    assert [o["token_ids"] for o in llm.generate(prompt, params)] == want
+    assert len(padded) < len(verified)  # the last steps, near the limit, ran unpadded
+    assert_pages_all_back(llm.scheduler)
