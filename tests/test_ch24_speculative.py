@@ -97,6 +97,7 @@ def test_greedy_tokens_with_drafts_equal_greedy_tokens_without(
         assert_pages_all_back(llm.scheduler)
         stats = llm.scheduler.speculator.stats
         assert stats.proposed > 0, (method, k)
+        assert stats.acceptance == stats.accepted / stats.proposed
         if draft == path:
             assert stats.accepted == stats.proposed
         elif method == "ngram" or draft == perturbed(family):
@@ -866,6 +867,11 @@ def test_a_request_whose_drafts_do_not_pay_pauses_then_tries_again():
     for _ in range(5):
         verified(good, 4, 3)
     assert rule.may_draft(good)
+    edge = Req(2, [1, 2, 3], SamplingParams(max_tokens=100))
+    edge.device_len = 4
+    verified(edge, 4, 3)  # its first step counts in full: (3 + 1) / 2 = 2, not below the bar
+    verified(edge, 4, 1)
+    assert rule.may_draft(edge) and rule.records[edge].tokens == 2.0
     assert rule.batch_drafts(4) and not rule.batch_drafts(5)
     assert DraftRule(max_batch=None, min_tokens=0.0).batch_drafts(10_000)
     rule.remove(req)
