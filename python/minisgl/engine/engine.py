@@ -159,9 +159,10 @@ class Engine:
         reqs = batch.reqs
         ids = [t for r in reqs for t in _host_ids(r)]
         positions = [p for r in reqs for p in range(r.cached_len, r.device_len)]
-        rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
         if batch.phase == "verify":  # drafts past a request's last position: the dummy page
-            rows = _rows_within_max_len(reqs, rows, self.dummy_req.table_idx)
+            rows = _rows_within_max_len(reqs, self.dummy_req.table_idx)
+        else:
+            rows = [r.table_idx for r in reqs for _ in range(r.extend_len)]
         last = [i - 1 for i in accumulate(r.extend_len for r in reqs)]  # each request's last token
         plan = batch.logprob_plan = plan_logprobs(reqs, batch.is_prefill)
         # a request that asks its prompt's log-probabilities needs the logits of all its tokens
@@ -320,18 +321,16 @@ def _sampled_table_rows(run: Batch) -> torch.Tensor:
     return rows if run.sample_rows is None else rows[run.sample_rows]
 
 
-def _rows_within_max_len(reqs: List[Req], rows: List[int], dummy_row: int) -> List[int]:
+def _rows_within_max_len(reqs: List[Req], dummy_row: int) -> List[int]:
     """Each token's page-table row, the dummy request's for a token at or past its request's
     last position (``max_len - 1``): a verify step pads every request to k drafts, and those of
     a request near max_tokens lie past the pages reserved for it. Their K and V go to the dummy
     page, and the request never keeps them."""
-    out, i = list(rows), 0
-    for req in reqs:
-        for position in range(req.cached_len, req.device_len):
-            if position >= req.max_len - 1:
-                out[i] = dummy_row
-            i += 1
-    return out
+    return [
+        r.table_idx if position < r.max_len - 1 else dummy_row
+        for r in reqs
+        for position in range(r.cached_len, r.device_len)
+    ]
 
 
 def _host_ids(req: Req) -> List[int]:
