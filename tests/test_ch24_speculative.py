@@ -970,12 +970,10 @@ def test_every_verify_step_pads_to_k_near_max_tokens(tiny_models):
 
     def prepare_batch(batch: Any) -> None:
         prepare(batch)
-        if batch.phase == "verify":
-            dummy = batch.table_rows == engine.dummy_req.table_idx
-            dummy_tokens.append(int(dummy.sum()) - 4 * (batch.size - len(verified_reqs(batch))))
-
-    def verified_reqs(batch: Any) -> List[Any]:
-        return [r for r in batch.reqs if r is not engine.dummy_req]
+        if batch.phase == "verify":  # the real requests' tokens come first, the padding after
+            real = sum(r.extend_len for r in batch.reqs if r is not engine.verify_runner.dummy_req)
+            dummy = batch.table_rows[:real] == engine.dummy_req.table_idx
+            dummy_tokens.append(int(dummy.sum()))
 
     engine.prepare_batch = prepare_batch
     got = [o["token_ids"] for o in llm.generate(PROMPTS, params)]
