@@ -46,9 +46,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "python"), str(ROOT / "examples"), str(ROOT / "benchmark")]
 
+from bench_structured import model_path, patched  # noqa: E402
+
 from minisgl.core import SamplingParams  # noqa: E402
 from minisgl.llm import LLM  # noqa: E402
-from minisgl.scheduler import Scheduler  # noqa: E402
 
 PASSAGE = (
     "The engine keeps every request's keys and values in pages of a shared pool. A "
@@ -116,20 +117,18 @@ class Run:
 def run_once(llm: LLM, prompts: List[Any], tokens: int) -> Run:
     params = SamplingParams(max_tokens=tokens)
     scheduler, marks = llm.scheduler, []
+    scheduler_step = scheduler.step
 
     def step() -> Any:  # the end of every step, and the phase of the batch it processed
-        out = Scheduler.step(scheduler)
+        out = scheduler_step()
         if out is not None:
             marks.append((out.phase, time.perf_counter()))
         return out
 
-    scheduler.step = step  # type: ignore[method-assign]
-    try:
+    with patched(scheduler, "step", step):
         start = time.perf_counter()
         outs = llm.generate(prompts, params)
         seconds = time.perf_counter() - start
-    finally:
-        del scheduler.step
     made = sum(len(o["token_ids"]) for o in outs)
     prefilled = max(t for phase, t in marks if phase == "prefill")
     return Run(seconds, made, marks[-1][1] - prefilled, made - len(prompts))
@@ -249,19 +248,6 @@ def busy_ms(llm: LLM, prompts: List[Any], tokens: int) -> float:
     after = counters(llm)
     steps = sum(after[phase] - before[phase] for phase in ("decode", "verify", "prefill"))
     return busy_and_gaps(spans)[0] / 1e6 / max(steps, 1)
-
-
-def model_path(args: argparse.Namespace, tmp: str) -> str:
-    if args.model:
-        return args.model
-    if args.shape:
-        from make_checkpoint import make_checkpoint
-
-        device = "cuda" if torch.cuda.is_available() and args.device != "cpu" else "cpu"
-        return str(make_checkpoint(args.shape, Path(tmp) / args.shape, device))
-    from real_model import cached_real_model
-
-    return str(cached_real_model())
 
 
 def settings(args: argparse.Namespace, path: str, on_gpu: bool) -> List[Tuple[str, Dict[str, Any]]]:
