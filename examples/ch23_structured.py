@@ -101,7 +101,7 @@ def show_overlap(path: str, prompt: str) -> None:
         run = LLM(path, device="cpu", page_size=4, num_pages=256, overlap_scheduling=overlap)
         runs.append([o["token_ids"] for o in run.generate([prompt] * 3, params)])
     print(
-        "overlap scheduling, each mask filled while the forward runs: same tokens",
+        "overlap scheduling, each mask from the in-flight tokens: same tokens",
         runs[0] == runs[1],
     )
 

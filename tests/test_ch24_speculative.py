@@ -688,13 +688,23 @@ def test_the_command_line_sets_speculation():
         ["--model", "/m", "--speculative", "draft", "--draft-model", "/d", "--speculative-k", "3"]
     ).scheduler_config()
     assert (config.speculative, config.draft_model, config.speculative_k) == ("draft", "/d", 3)
+    # SGLang's flags in SGLang's meanings: 6 tokens verified a step are the last token and 5 drafts
     upstream = parse_args(
-        ["--model", "/m", "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "6"]
+        ["--model", "/m", "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "6"]
     ).scheduler_config()
     assert (upstream.speculative, upstream.speculative_k, upstream.draft_model) == (
         "ngram",
-        6,
+        5,
         None,
+    )
+    standalone = parse_args(
+        ["--model", "/m", "--speculative-algorithm", "standalone"]
+        + ["--speculative-draft-model-path", "/d", "--speculative-num-draft-tokens", "4"]
+    ).scheduler_config()
+    assert (standalone.speculative, standalone.draft_model, standalone.speculative_k) == (
+        "draft",
+        "/d",
+        3,
     )
     assert parse_args(["--model", "/m"]).scheduler_config().speculative is None
     rule = parse_args(
@@ -706,6 +716,9 @@ def test_the_command_line_sets_speculation():
         ["--speculative", "eagle"],
         ["--speculative", "draft"],
         ["--speculative", "ngram", "--speculative-k", "0"],
+        ["--speculative-algorithm", "EAGLE"],  # a draft head this engine does not build
+        ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "1"],
+        ["--speculative-algorithm", "NGRAM", "--speculative", "draft", "--draft-model", "/d"],
     ):
         with pytest.raises(SystemExit):
             parse_args(["--model", "/m", *bad])

@@ -124,6 +124,26 @@ def text_problems(book: Book, chapter: Chapter) -> list[Problem]:
             expand(book, chapter, kind, argument)
         except (BookError, SyntaxError) as e:
             problems.append(Problem(f"{shown}:{line}", str(e)))
+    return problems + unnamed_files(chapter, _read(text_path))
+
+
+def unnamed_files(chapter: Chapter, text: str) -> list[Problem]:
+    """A file the chapter adds or changes that its text never names: a reader could not find
+    what changed. A listing names its file, so a shown file always passes."""
+    shown = f"{chapter.folder}/{TEXT}"
+    problems = []
+    for path, how in [(p, "adds") for p in chapter.new] + [
+        (p, "changes") for p in chapter.modified
+    ]:
+        short = path.partition("/")[2]  # minisgl/engine/sample.py -> engine/sample.py
+        if path not in text and short not in text:
+            problems.append(
+                Problem(
+                    shown,
+                    f"the chapter {how} {path} but its text never names it: "
+                    "show the change (@[code]) or say what changed, naming the file",
+                )
+            )
     return problems
 
 

@@ -89,9 +89,11 @@ def toy_book(root: Path) -> Path:
         "chapters/ch02_shout/main.out": "HELLO, WORLD!\n3\n",
         "chapters/ch03_count/main.out": "2\n",
         "chapters/ch01_greet/README.md": (
-            "# Greet\n\n@[tree]\n\n@[code](toy/greet.py · greet)\n\n@[main]\n\n@[prints]\n"
+            "# Greet\n\n@[tree]\n\n`toy/__init__.py` is empty.\n\n@[code](toy/greet.py · greet)\n\n"
+            "@[main]\n\n@[prints]\n"
         ),
-        "chapters/ch02_shout/README.md": "# Shout\n\n@[code](toy/greet.py · greet)\n\n"
+        "chapters/ch02_shout/README.md": "# Shout\n\n@[code](toy/shout.py)\n\n"
+        "@[code](toy/greet.py · greet)\n\n"
         "@[test](tests/test_ch02_shout.py · test_shout)\n",
         "chapters/ch03_count/README.md": "# Count\n\n@[code](toy/count.py)\n",
     }

@@ -195,7 +195,7 @@ def test_a_tolerance_compares_numbers_within_it(book):
         {
             "examples/ch03_count.py": "print(f'max error {2.4e-07:.1e}')\n",
             "chapters/ch03_count/main.out": "max error 3.1e-07\n",
-            "chapters/ch03_count/README.md": "# Count\n",
+            "chapters/ch03_count/README.md": "# Count\n\n`toy/count.py` counts.\n",
         },
     )
     assert steps(book, "check", "3").returncode == 1
@@ -328,3 +328,13 @@ def test_a_snapshot_holds_each_distributions_metadata_folder(tmp_path):
     (tmp_path / "README.txt").write_text("not a package\n")
     found = installed.snapshot([tmp_path, tmp_path / "missing"])
     assert list(found) == [str(tmp_path / "torch-2.5.0.dist-info")]
+
+
+def test_a_text_that_never_names_a_changed_file_fails(book):
+    text = book / "chapters/ch02_shout/README.md"
+    named = text.read_text()
+    assert "shout.py" in named  # the toy chapter names the file it adds
+    text.write_text(named.replace("@[code](toy/shout.py)", "A new module shouts."))
+    done = steps(book, "check", "2", "--static")
+    assert done.returncode == 1
+    assert "adds toy/shout.py but its text never names it" in done.stdout

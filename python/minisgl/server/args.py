@@ -52,6 +52,30 @@ def served_model_name(args: ServerArgs) -> str:
     return args.served_model_name or Path(args.model_path).name
 
 
+# SGLang's --speculative-algorithm values that this engine builds, and their names here
+SGLANG_ALGORITHMS = {"NGRAM": "ngram", "STANDALONE": "draft"}
+
+
+def _sglang_speculation(parser: argparse.ArgumentParser, ns: dict) -> None:
+    """SGLang's two speculation flags, in SGLang's meanings, turned into this engine's."""
+    algorithm = ns.pop("speculative_algorithm")
+    if algorithm is not None:
+        if ns["speculative"] not in (None, SGLANG_ALGORITHMS[algorithm]):
+            parser.error(
+                f"--speculative-algorithm {algorithm} and --speculative {ns['speculative']} "
+                "disagree: give one of them"
+            )
+        ns["speculative"] = SGLANG_ALGORITHMS[algorithm]
+    verified = ns.pop("speculative_num_draft_tokens")
+    if verified is not None:
+        if verified < 2:
+            parser.error(
+                f"--speculative-num-draft-tokens counts the request's last token as well as "
+                f"its drafts, so it is at least 2 (one draft); got {verified}"
+            )
+        ns["speculative_k"] = verified - 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m minisgl", description="Serve a model over an OpenAI-compatible HTTP API."
@@ -128,20 +152,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--speculative",
-        "--speculative-algorithm",
-        dest="speculative",
         choices=["ngram", "draft"],
         default=None,
         help="speculative decoding: drafts from the request's own n-grams, or from "
         "--draft-model (default: off)",
     )
     p.add_argument(
+        "--speculative-algorithm",
+        type=str.upper,
+        choices=list(SGLANG_ALGORITHMS),
+        default=None,
+        help="SGLang's flag: NGRAM is --speculative ngram, STANDALONE --speculative draft",
+    )
+    p.add_argument(
         "--speculative-k",
-        "--speculative-num-draft-tokens",
-        dest="speculative_k",
         type=int,
         default=d.speculative_k,
         help="draft tokens a request per step (default: %(default)s)",
+    )
+    p.add_argument(
+        "--speculative-num-draft-tokens",
+        type=int,
+        default=None,
+        help="SGLang's flag: the tokens a request verifies a step, its last token included, "
+        "so --speculative-k plus one",
     )
     p.add_argument(
         "--draft-model",
@@ -199,6 +233,7 @@ def parse_args(argv: Sequence[str]) -> ServerArgs:
     parser = build_parser()
     ns = vars(parser.parse_args(list(argv)))
     ns["dtype"] = DTYPES[ns["dtype"]]
+    _sglang_speculation(parser, ns)
     if not 0 <= ns["port"] < 65536:
         parser.error(f"--port must be in [0, 65536), got {ns['port']}")
     try:
