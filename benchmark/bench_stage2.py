@@ -12,6 +12,10 @@ the times: they are the same on every machine. ``--model tiny`` is the tiny rand
 Llama 3 of ``examples/tiny_models.py`` (hidden 64, 2 layers); ``--model small`` is a larger
 random-weight Llama made here (hidden 512, 4 layers, 4096 positions), for effects that the tiny
 model computes too little to show. Nothing is downloaded.
+
+The script puts the ``python/`` folder beside its own ``benchmark/`` folder first on the path,
+and each subcommand imports only what its chapter has written, so a copy of it in a chapter's
+tree (``python tools/steps.py checkout N DIR``) measures that chapter's code.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Tuple
 
 import torch
 
@@ -33,11 +37,11 @@ import tiny_models  # noqa: E402
 
 from minisgl.attention import create_attention_backend  # noqa: E402
 from minisgl.core import Batch, Context, Req, SamplingParams, use_global_ctx  # noqa: E402
-from minisgl.engine.config import EngineConfig  # noqa: E402
-from minisgl.engine.engine import Engine  # noqa: E402
 from minisgl.kvcache import create_kvcache_pool  # noqa: E402
 from minisgl.models import generate_greedy_recompute, load_model  # noqa: E402
-from minisgl.scheduler import Scheduler, SchedulerConfig  # noqa: E402
+
+if TYPE_CHECKING:
+    from minisgl.engine.engine import Engine
 
 # CPU seconds of this process by default: other work on a shared machine stretches wall time,
 # and with one thread and no waiting the two agree on an idle machine. --clock wall for wall time.
@@ -175,6 +179,9 @@ def decode_seconds(engine: Engine, batch_size: int, prompt: int, steps: int) -> 
 
 
 def bench_batch(path: str, args: argparse.Namespace) -> None:
+    from minisgl.engine.config import EngineConfig  # chapter 6's: not in chapter 5's tree
+    from minisgl.engine.engine import Engine
+
     top = max(args.batch_sizes)
     pages_a_request = -(-(args.prompt + args.steps + 1) // 16)  # pages of 16, rounded up
     engine = Engine(
@@ -205,6 +212,8 @@ def run_scheduler(path: str, arrivals: Arrivals, **config: Any) -> Dict[str, Any
     """Run requests through a fresh scheduler, ``arrivals[k]`` added before step k. Returns the
     prompt tokens run, each step's phase, tokens and seconds, and per request (in order of
     arrival) the times its tokens came out."""
+    from minisgl.scheduler import Scheduler, SchedulerConfig  # chapter 7's
+
     s = Scheduler(SchedulerConfig(path, device="cpu", **config))
     s.add_req([1, 2, 3], SamplingParams(max_tokens=2))  # warm up: the first forward is slow
     s.run_until_idle()

@@ -67,6 +67,14 @@ with tempfile.TemporaryDirectory() as tmp:
         evicted = cache.evict(1)
         print(f"evict(1) takes the least recently used unlocked leaf: slots {evicted.tolist()}")
     print(cache.format_tree(show))
+    cache.lock_handle(fox, unlock=True)  # the request is done with it
+    print(f"\nunlock the fox path: evictable {cache.size_info.evictable_size} tokens")
+    evicted = cache.evict(1)
+    print(f"evict(1) takes the leaf: slots {evicted.tolist()}; its parent is now a leaf")
+    print(cache.format_tree(show))
+    evicted = cache.evict(1)
+    print(f"evict(1) takes the parent: slots {evicted.tolist()}")
+    print(cache.format_tree(show))
     cache.check_integrity()
 
     prompts = [tok.encode(SYSTEM + q) for q in QUESTIONS]

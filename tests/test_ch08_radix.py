@@ -52,7 +52,7 @@ def test_pages_are_matched_whole():
 def test_a_split_in_the_middle_of_an_edge():
     cache, slots = RadixPrefixCache(page_size=1), Slots()
     cache.insert_prefix([1, 2, 3, 4, 5, 6], slots.take(6))
-    assert cache.format_tree() == "(root)\n├── [1, 2, 3, 4, 5, 6]  (6 tokens, ref 0)"
+    assert cache.format_tree() == "(root)\n└── [1, 2, 3, 4, 5, 6]  (6 tokens, ref 0)"
     handle = cache.match_prefix([1, 2, 3, 7])
     assert handle.cached_len == 3 and handle.node.key == [1, 2, 3]
     assert [c.key for c in handle.node.children.values()] == [[4, 5, 6]]
@@ -60,13 +60,32 @@ def test_a_split_in_the_middle_of_an_edge():
     assert cache.format_tree() == "\n".join(
         [
             "(root)",
-            "├── [1, 2, 3]  (3 tokens, ref 0)",
-            "│   ├── [4, 5, 6]  (3 tokens, ref 0)",
-            "│   ├── [7, 8]  (2 tokens, ref 0)",
+            "└── [1, 2, 3]  (3 tokens, ref 0)",
+            "    ├── [4, 5, 6]  (3 tokens, ref 0)",
+            "    └── [7, 8]  (2 tokens, ref 0)",
         ]
     )
     assert cache.match_prefix([1, 2, 3, 7, 8]).get_matched_indices().tolist() == [0, 1, 2, 9, 10]
     cache.check_integrity()
+
+
+def test_the_drawn_tree_closes_each_branch_at_its_last_child():
+    cache, slots = RadixPrefixCache(page_size=1), Slots()
+    for seq in ([1, 2, 3, 4], [1, 2, 5], [6, 7], [6, 8]):
+        cache.insert_prefix(seq, slots.take(len(seq)))
+    cache.lock_handle(cache.match_prefix([6, 8]))
+    # below a last child the rail stops: its own children are indented with spaces, not "│"
+    assert cache.format_tree() == "\n".join(
+        [
+            "(root)",
+            "├── [1, 2]  (2 tokens, ref 0)",
+            "│   ├── [3, 4]  (2 tokens, ref 0)",
+            "│   └── [5]  (1 tokens, ref 0)",
+            "└── [6]  (1 tokens, ref 1)",
+            "    ├── [7]  (1 tokens, ref 0)",
+            "    └── [8]  (1 tokens, ref 1)",
+        ]
+    )
 
 
 def test_locked_nodes_are_never_evicted():

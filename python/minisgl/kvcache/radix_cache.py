@@ -152,12 +152,14 @@ class RadixPrefixCache(BasePrefixCache):
         lines = ["(root)"]
 
         def draw(node: RadixTreeNode, indent: str) -> None:
-            for child in node.children.values():
+            children = list(node.children.values())
+            for i, child in enumerate(children):
+                last = i == len(children) - 1  # the last child closes its parent's branch
                 lines.append(
-                    f"{indent}├── {decode(child.key)}  ({child.length} tokens, "
-                    f"ref {child.ref_count})"
+                    f"{indent}{'└──' if last else '├──'} {decode(child.key)}  "
+                    f"({child.length} tokens, ref {child.ref_count})"
                 )
-                draw(child, indent + "│   ")
+                draw(child, indent + ("    " if last else "│   "))
 
         draw(self.root, "")
         return "\n".join(lines)
