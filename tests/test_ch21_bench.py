@@ -216,6 +216,56 @@ def test_bench_moe_quick_runs_every_line_and_each_agrees() -> None:
     assert "not available" not in result.stdout
 
 
+# ---- beside upstream's kernel: bench_moe_upstream.py ---------------------------------------
+# It loads upstream's files from a clone at run time; a test that runs them needs a clone:
+# git clone https://github.com/sgl-project/mini-sglang && git -C mini-sglang checkout 20fcd7f
+UPSTREAM = os.environ.get("MINISGL_UPSTREAM")
+
+
+def _bench_upstream(folder: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), TRITON_INTERPRET="1")
+    return subprocess.run(
+        [sys.executable, str(BENCHMARK / "bench_moe_upstream.py"), "--upstream", folder, "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@interpreted
+def test_bench_moe_upstream_refuses_a_folder_that_is_not_upstream(tmp_path) -> None:
+    result = _bench_upstream(str(tmp_path))
+    assert result.returncode != 0
+    assert "--upstream takes a clone of https://github.com/sgl-project/mini-sglang" in (
+        result.stderr
+    )
+
+
+def test_bench_moe_upstream_takes_only_the_functions_it_names(tmp_path) -> None:
+    bench = benchmark_module("bench_moe_upstream")
+    source = tmp_path / "fused.py"
+    source.write_text("import not_installed\n\ndef f(a):\n    return a + 1\n\ndef g():\n    pass\n")
+    assert bench.functions_of(source, ("f",), {})["f"](1) == 2  # the import never runs
+    with pytest.raises(SystemExit, match="has no h"):
+        bench.functions_of(source, ("f", "h"), {})
+
+
+@interpreted
+@pytest.mark.skipif(not UPSTREAM, reason="set MINISGL_UPSTREAM to a clone of upstream at 20fcd7f")
+def test_bench_moe_upstream_quick_runs_every_line_and_each_agrees() -> None:
+    result = _bench_upstream(UPSTREAM)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for line in ("ch21", "upstream", "upstream, vLLM's H200 configs", "ch21 vs upstream"):
+        assert re.search(rf"^  {line} +agrees: T=1 .*T=5 .*T=33 ", result.stdout, re.M), (
+            result.stdout
+        )
+    # on a CPU there is no sgl_kernel nor FlashInfer: the table says what stands in
+    assert re.search(r"^routing +\|.*\| STAND-IN \(no sgl_kernel\)", result.stdout, re.M)
+    assert re.search(r"^activation +\|.*\| STAND-IN \(no FlashInfer\)", result.stdout, re.M)
+
+
 # ---- the tuner --------------------------------------------------------------------------------
 
 

@@ -92,6 +92,17 @@ MOE_STEPS = {  # what each launch does, in the chapter's words
     "_decode_gate_up_kernel": "gate, up, SiLU:\nthe chosen experts",
     "_decode_down_kernel": "second GEMM,\n× weight, k-sum inside",
 }
+
+
+def interpret_triton() -> None:
+    """Triton's interpreter for every kernel of this process: it is chosen when a kernel is
+    defined, so before the first of chapter 21's kernel modules is imported (the tile plan runs
+    them on the CPU)."""
+    import os
+
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
 DTYPES = {"torch.bfloat16": "bf16", "torch.float32": "fp32", "torch.int32": "int32"}
 
 
@@ -100,6 +111,7 @@ def moe_launches(num_tokens: int, shape: dict) -> tuple[list[tuple[str, tuple, d
     config.json's keys), with the H200 file's config for that count: (kernel, grid,
     {argument: (shape, dtype)}) each. Tensors are on torch's meta device and every kernel is
     replaced by a recorder while the forward runs, so nothing is computed."""
+    interpret_triton()
     import torch
 
     from minisgl.kernel import fused_moe, moe_decode, moe_routing
@@ -290,6 +302,246 @@ def moe_launches_figure() -> plt.Figure:
         "graph. Blue: routing and alignment; green: the GEMMs and the sum.",
         fontsize=9.5,
         va="bottom",
+        color="#333333",
+    )
+    return fig
+
+
+# the main's small case: chapter 20's main's first draws, 8 experts, top-2, tiles of 4 slots
+PLAN_CASE = dict(tokens=5, hidden=64, experts=8, topk=2, block_m=4)
+# smaller launch sizes than the kernels' (16 tokens a block, 32 blocks a chunk, 64 tiles a
+# program), so that the five tokens make several blocks, chunks and programs of the plan
+PLAN_SIZES = {"ROUTE_BLOCK_T": 2, "PLAN_CHUNK_B": 2, "PLAN_TILE_CHUNK": 4}
+EXPERT_COLORS = [COLORS[i] for i in (0, 1, 2, 3, 4, 5, 6, 9)]  # no grey: grey is padding
+
+
+def plan_of_main_case() -> dict:
+    """route and align on the main's five tokens, run in Triton's interpreter with PLAN_SIZES;
+    every tensor the four kernels write, by name, kept as the kernels wrote them."""
+    interpret_triton()
+    import torch
+
+    from minisgl.kernel import moe_routing
+    from minisgl.moe.fused import moe_align_block_size
+
+    written: dict = {}
+
+    class Keep:  # runs the kernel, then keeps its arguments by name
+        def __init__(self, kernel) -> None:
+            self.kernel = kernel
+
+        def __getitem__(self, grid: tuple):
+            def launch(*args, **kwargs) -> None:
+                self.kernel[grid](*args, **kwargs)
+                written[self.kernel.fn.__name__] = dict(zip(self.kernel.arg_names, args))
+                written[self.kernel.fn.__name__]["programs"] = grid[0]
+
+            return launch
+
+    names = [n for n in dir(moe_routing) if n.endswith("_kernel")]
+    saved = {n: getattr(moe_routing, n) for n in [*names, *PLAN_SIZES]}
+    case = PLAN_CASE
+    try:
+        for name in names:
+            setattr(moe_routing, name, Keep(saved[name]))
+        for name, size in PLAN_SIZES.items():
+            setattr(moe_routing, name, size)
+        torch.manual_seed(0)
+        _, gating = (
+            torch.randn(case["tokens"], case["hidden"]),
+            torch.randn(case["tokens"], case["experts"]),
+        )
+        _, ids, block_counts = moe_routing.route(gating, case["topk"], renormalize=True)
+        sorted_ids, expert_ids, num_padded = moe_routing.align(
+            ids, block_counts, case["experts"], case["block_m"]
+        )
+    finally:
+        for name, value in saved.items():
+            setattr(moe_routing, name, value)
+    used = int(num_padded)
+    ch20 = moe_align_block_size(ids, case["block_m"], case["experts"])[0]
+    assert torch.equal(sorted_ids[:used], ch20), "the plan's order is not chapter 20's"
+    return {
+        "ids": ids.tolist(),
+        "block_counts": block_counts[:, : case["experts"]].tolist(),
+        "chunk_counts": written["_sum_chunks_kernel"]["chunk_counts_ptr"][:, : case["experts"]],
+        "block_offsets": written["_plan_tiles_kernel"]["block_offsets_ptr"][:, : case["experts"]],
+        "sorted_ids": sorted_ids.tolist(),
+        "expert_ids": expert_ids.tolist(),
+        "used": used,
+        "programs": {name: w["programs"] for name, w in written.items()},
+    }
+
+
+@figure("ch21", "tile_plan")
+def tile_plan() -> plt.Figure:
+    """The main's five tokens through the four routing and alignment launches: each block's
+    counts, the chunks' sums, each expert's run of tiles, each block's offsets, and the slots of
+    sorted_ids the scatter and the plan fill; all read off the kernels' own outputs."""
+    from .common import LIGHT, box
+
+    plan = plan_of_main_case()
+    case = PLAN_CASE
+    experts, block_m, topk = case["experts"], case["block_m"], case["topk"]
+    block_t, chunk_b = PLAN_SIZES["ROUTE_BLOCK_T"], PLAN_SIZES["PLAN_CHUNK_B"]
+    pairs = case["tokens"] * topk
+    counts = [int(c) for c in plan["chunk_counts"].sum(0).tolist()]
+    tiles = [(c + block_m - 1) // block_m for c in counts]
+    ch = 0.62  # a cell's height
+    left, cw = 7.2, 1.45  # the tables' first column and a column's width
+    fig, ax = plt.subplots(figsize=(14.5, 10.4), layout="constrained")
+    diagram(ax, 33, 18.1)
+    fig.suptitle(
+        f"The tile plan of the main's {case['tokens']} tokens: {experts} experts, top-{topk}, "
+        f"tiles of {block_m} slots ({pairs} pairs; pair p is token p // {topk}'s choice p % {topk})"
+    )
+
+    def header(y: float, text: str, note: str) -> None:
+        ax.text(0.1, y, text, fontsize=11.5, fontweight="bold", va="bottom")
+        ax.text(0.1, y + 0.05, note, fontsize=9.5, va="top", color="#333333")
+
+    def table(y: float, rows: list[list[int]], labels: list[str], shown=None) -> float:
+        """A row per label, a column per expert; a cell is grey where shown says it is not."""
+        for e in range(experts):
+            ax.text(left + e * cw + cw / 2, y - 0.1, f"e{e}", ha="center", va="bottom", fontsize=9)
+        for r, (row, label) in enumerate(zip(rows, labels)):
+            top = y + r * ch
+            ax.text(left - 0.15, top + ch / 2, label, ha="right", va="center", fontsize=9.5)
+            for e, value in enumerate(row):
+                on = shown is None or shown[r][e]
+                fill = EXPERT_COLORS[e] if on and value else LIGHT
+                box(
+                    ax,
+                    left + e * cw,
+                    top,
+                    cw,
+                    ch,
+                    fill,
+                    f"{int(value)}",
+                    fontsize=10,
+                    color="white" if on and value else "#777777",
+                )
+        return y + len(rows) * ch
+
+    # 1. route and count
+    blocks = plan["block_counts"]
+    y = 1.2
+    header(
+        y,
+        f"1. route: {plan['programs']['_route_and_count_kernel']} programs of {block_t} tokens",
+        "each block's pairs per expert, block_counts[block, e]",
+    )
+    labels = []
+    for b in range(len(blocks)):
+        toks = range(b * block_t, min((b + 1) * block_t, case["tokens"]))
+        chosen = "  ".join(f"t{t}→{plan['ids'][t]}" for t in toks)
+        labels.append(f"block {b}: {chosen}")
+    y = table(y + 1.0, blocks, labels)
+    # 2. the chunks' sums
+    chunks = plan["chunk_counts"].tolist()
+    y += 0.9
+    header(
+        y,
+        f"2. chunk sums: {plan['programs']['_sum_chunks_kernel']} programs",
+        f"chunk_counts[c, e]: the sum of blocks {chunk_b}c .. {chunk_b}c + {chunk_b - 1}",
+    )
+    y = table(y + 1.0, chunks, [f"chunk {c}" for c in range(len(chunks))])
+    # 3. the plan
+    programs = plan["programs"]["_plan_tiles_kernel"]
+    y += 0.9
+    header(
+        y,
+        f"3. plan: {programs} programs, each reading every chunk's sums",
+        f"program p: chunk p's block offsets and the experts of tiles "
+        f"{PLAN_SIZES['PLAN_TILE_CHUNK']}p ..; program 0 also the padding and num_padded",
+    )
+    y = table(y + 1.0, [counts, tiles], ["pairs of e (all chunks)", f"tiles: ⌈pairs / {block_m}⌉"])
+    offsets = plan["block_offsets"].tolist()
+    shown = [[c > 0 for c in row] for row in blocks]
+    y = table(y + 0.65, offsets, [f"block {b} starts at slot" for b in range(len(offsets))], shown)
+    ax.text(
+        left + experts * cw + 0.3,
+        y - len(offsets) * ch / 2,
+        "where each block's pairs of e begin:\ne's run start + its pairs in earlier blocks\n"
+        "(grey: the block has none of e)",
+        fontsize=9.5,
+        va="center",
+        color="#333333",
+    )
+    # 4. the scatter, and the slots
+    y += 0.9
+    header(
+        y,
+        f"4. scatter: {plan['programs']['_scatter_pairs_kernel']} programs, a block each",
+        "a pair goes to its block's offset for its expert plus the block's earlier pairs with "
+        f"that expert; {pairs} (the pair count) marks padding",
+    )
+    slot_w, top = 0.98, y + 1.55
+    capacity = len(plan["expert_ids"])
+    for tile, expert in enumerate(plan["expert_ids"]):
+        x = 0.2 + tile * block_m * slot_w
+        used = expert >= 0
+        label = f"tile {tile}: e{expert}" if used else f"tile {tile}: -1"
+        ax.text(
+            x + block_m * slot_w / 2,
+            top - 0.12,
+            label,
+            ha="center",
+            va="bottom",
+            fontsize=9.5,
+            color=EXPERT_COLORS[expert] if used else "#777777",
+            fontweight="bold",
+        )
+        for s in range(block_m):
+            slot = tile * block_m + s
+            value = plan["sorted_ids"][slot]
+            if not used:
+                box(ax, x + s * slot_w, top, slot_w, 0.8, LIGHT, "·", fontsize=10, color="#999999")
+            elif value == pairs:
+                box(
+                    ax,
+                    x + s * slot_w,
+                    top,
+                    slot_w,
+                    0.8,
+                    GREY,
+                    f"{value}",
+                    fontsize=10,
+                    color="white",
+                )
+            else:
+                box(
+                    ax,
+                    x + s * slot_w,
+                    top,
+                    slot_w,
+                    0.8,
+                    EXPERT_COLORS[expert],
+                    f"{value}",
+                    fontsize=10,
+                    color="white",
+                    fontweight="bold",
+                )
+            ax.text(
+                x + s * slot_w + slot_w / 2,
+                top + 0.95,
+                f"{slot}",
+                ha="center",
+                va="top",
+                fontsize=7.5,
+                color="#777777",
+            )
+    ax.text(
+        0.2,
+        top + 1.55,
+        f"sorted_ids: {capacity} tiles of {block_m} slots = max_tiles({pairs}, {experts}, "
+        f"{block_m}), sized before the routing is known; this routing fills "
+        f"{plan['used']} (num_padded, left on the device). Coloured: a pair index, placed "
+        f"by the scatter;\ngrey {pairs}: padding, written by the plan; dots: slots past "
+        f"num_padded, never written, and tiles with expert -1, whose programs return at once. "
+        f"The order is chapter 20's moe_align_block_size's.",
+        fontsize=9.5,
+        va="top",
         color="#333333",
     )
     return fig

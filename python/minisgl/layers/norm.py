@@ -10,7 +10,7 @@ from .base import BaseOP
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """``x / sqrt(mean(x^2) + eps) * weight`` over the last dim, computed in float32 as HF does."""
-    if x.is_cuda:  # one fused kernel (float32 inside) where the formula below launches seven
+    if x.is_cuda:  # two launches (torch's norm, float32 inside, then the weight) for seven
         return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
     dtype = x.dtype
     x = x.float()
