@@ -202,6 +202,8 @@ def measure(
             if args.busy and llm.scheduler.engine.device.type == "cuda":
                 row["busy ms"] = busy_ms(llm, prompts, args.tokens)
             results[kind, batch] = row
+            # as it goes, so that a run cut short still tells what it measured
+            print(f"  {spec or 'no drafts'} {kind} {batch}: {row}", file=sys.stderr, flush=True)
     llm.shutdown()
     del llm
     gc.collect()  # the counters' wrappers hold the engine in a cycle: free its KV pool now
