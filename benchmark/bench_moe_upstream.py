@@ -112,11 +112,17 @@ class Upstream:
 
 
 def clone_commit(root: Path) -> str:
-    """The clone's commit, or 'unknown' for a tree without git (an archive)."""
+    """The clone's commit, or 'unknown' for a tree without git of its own (an archive, which
+    may sit inside another repository: that one's commit is not the clone's)."""
     done = subprocess.run(
-        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+        ["git", "-C", str(root), "rev-parse", "--show-toplevel", "HEAD"],
+        capture_output=True,
+        text=True,
     )
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
+    lines = done.stdout.split()
+    if done.returncode != 0 or len(lines) != 2 or Path(lines[0]).resolve() != root.resolve():
+        return "unknown"
+    return lines[1]
 
 
 def functions_of(path: Path, names: Tuple[str, ...], namespace: dict) -> dict:
