@@ -1,10 +1,13 @@
-"""Chapter 14's figure: turns.svg, the session of the chapter's main step by step, both of its
+"""Chapter 14's figures: turns.svg, the session of the chapter's main step by step, both of its
 shells (the real Shell over ``LockstepChat``, a ChatClient without sockets): each turn's prompt
-tokens and how many of them the prefix cache served, the reply pieces, the pages.
+tokens and how many of them the prefix cache served, the reply pieces, the pages; and ctrl_c.svg,
+the main's Ctrl-C from the signal to the pages given back, in the four processes it reaches.
 """
 
 from __future__ import annotations
 
+import inspect
+import signal
 import tempfile
 from functools import partial
 from unittest import mock
@@ -12,7 +15,7 @@ from unittest import mock
 import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 
-from .common import COLORS, figure, tiny_model
+from .common import COLORS, GREY, arrow, diagram, figure, tiny_model
 
 
 class LockstepChat:
@@ -46,15 +49,26 @@ class LockstepChat:
 
         scheduler.step = step
 
-    def send(self, msgs: list) -> list:
+    def send(self, msgs: list, source: str) -> list:
+        """``msgs`` from ``source`` (the shell or the scheduler) through the tokenizer worker;
+        each message that crosses a socket is logged with its sender and receiver."""
+        for msg in msgs:
+            self.message(source, "tokenizer", msg)
         to_backend, replies = self.tokenizer.handle(msgs)
         for msg in to_backend:
+            self.message("tokenizer", "scheduler", msg)
             if type(msg).__name__ == "UserMsg":
                 self.log.append(
                     {"turn": self.turn, "event": "prompt", "tokens": len(msg.input_ids)}
                 )
             self.loop.handle(msg)
+        for msg in replies:
+            self.message("tokenizer", "shell", msg)
         return replies
+
+    def message(self, source: str, dest: str, msg: object) -> None:
+        row = {"turn": self.turn, "event": "message", "from": source, "to": dest, "msg": msg}
+        self.log.append(row)
 
     def record(self, event: str, piece: str = "") -> None:
         s = self.stats.read()
@@ -82,10 +96,11 @@ class LockstepChat:
                 "line": messages[-1]["content"],
             }
         )
-        replies, finished = self.send([TokenizeMsg(self.uid, messages, params)]), False
+        replies = self.send([TokenizeMsg(self.uid, messages, params)], "shell")
+        finished = False
         try:
             while not finished:
-                replies = self.send(self.loop.step())
+                replies = self.send(self.loop.step(), "scheduler")
                 self.stats.publish(self.loop.scheduler)
                 for reply in replies:
                     finished = reply.finished
@@ -93,7 +108,7 @@ class LockstepChat:
                     yield reply
         finally:
             if not finished:
-                self.send([AbortMsg(self.uid)])
+                self.send([AbortMsg(self.uid)], "shell")
                 self.stats.publish(self.loop.scheduler)
                 self.record("abort")
             else:
@@ -101,16 +116,18 @@ class LockstepChat:
 
 
 class ShellOut:
-    """The shell's output, dropped (the log has the pieces). With ``ctrl_c``, the first reply
-    piece with a visible character raises KeyboardInterrupt once printed, as the Ctrl-C that the
-    main's second shell gets once ``expect(r"\\S")`` has seen that character; in lockstep the
-    scheduler makes no other token before the abort lands."""
+    """The shell's output, kept in ``text`` (the log has the pieces). With ``ctrl_c``, the first
+    reply piece with a visible character raises KeyboardInterrupt once printed, as the Ctrl-C
+    that the main's second shell gets once ``expect(r"\\S")`` has seen that character; in
+    lockstep the scheduler makes no other token before the abort lands."""
 
     def __init__(self, ctrl_c: bool = False):
-        self.ctrl_c = ctrl_c
+        self.ctrl_c, self.text = ctrl_c, ""
 
     def write(self, text: str) -> None:
+        self.text += text
         if self.ctrl_c and text.strip() and not text.startswith("\n"):  # not the shell's lines
+            self.ctrl_c = False  # one Ctrl-C
             raise KeyboardInterrupt
 
     def flush(self) -> None:
@@ -134,11 +151,30 @@ def one_shell(model: str, max_tokens: int, lines: list[str], ctrl_c: bool = Fals
     with mock.patch.dict("os.environ", ch14_shell.shell_settings(max_tokens)):
         params = shell_sampling_params(context)
     count_tokens = partial(prompt_length, AutoTokenizer.from_pretrained(model))
-    shell = Shell(chat, params, chat.stats, count_tokens, context, out=ShellOut(ctrl_c))
+    out, stats = ShellOut(ctrl_c), ReadCounter(chat.stats)
+    shell = Shell(chat, params, stats, count_tokens, context, out=out)
     for line in lines:
         shell.handle(line)
     chat.loop.scheduler.shutdown()
-    return {"log": chat.log, "max_tokens": params.max_tokens, "page_size": args.page_size}
+    return {
+        "log": chat.log,
+        "max_tokens": params.max_tokens,
+        "page_size": args.page_size,
+        "printed": out.text,
+        "shell_reads": stats.reads,
+    }
+
+
+class ReadCounter:
+    """The shell's view of the gauges, each read kept: the shell reads them only for /stats and
+    in ``_wait_idle`` after a Ctrl-C."""
+
+    def __init__(self, stats):
+        self.stats, self.reads = stats, []
+
+    def read(self) -> dict:
+        self.reads.append(self.stats.read())
+        return self.reads[-1]
 
 
 def main_session(model: str) -> list[dict]:
@@ -302,4 +338,133 @@ def turns_figure() -> plt.Figure:
     draw_pages(pages_2, second)
     note_abort(pages_2, second)
     pages_2.set_xlabel("its steps")
+    return fig
+
+
+# ------------------------------------------------------------------------------- the Ctrl-C path
+def sigint_handlers() -> dict[str, str]:
+    """What SIGINT does in each process, from the code that sets it: a worker's first frame
+    (``_worker_main``, run here with a target that only looks at the handler it left), and the
+    line of ``run_shell`` that gives the shell its own once the workers are up."""
+    from minisgl.shell import run_shell
+    from minisgl.utils import mp
+
+    seen = []
+    old = signal.getsignal(signal.SIGINT)
+    try:
+        look = lambda ready: seen.append(signal.getsignal(signal.SIGINT))  # noqa: E731
+        mp._worker_main("tokenizer", look, {}, None)
+    finally:
+        signal.signal(signal.SIGINT, old)
+    source = inspect.getsource(run_shell).splitlines()
+    line = next(row.split("#")[0].strip() for row in source if "signal.SIGINT" in row)
+    return {"worker": signal.Handlers(seen[0]).name, "shell": line}
+
+
+def ctrl_c_path(shell: dict) -> dict:
+    """The Ctrl-C of the main's second shell, from its log: the messages sent from the Ctrl-C
+    on, the gauges at the last reply piece and after the abort, the shell's reads of them."""
+    log = shell["log"]
+    start = next(
+        i
+        for i, r in enumerate(log)
+        if r["event"] == "message" and type(r["msg"]).__name__ == "AbortMsg"
+    )
+    before = [r for r in log[:start] if r["event"] == "piece"][-1]
+    after = next(r for r in log[start:] if r["event"] == "abort")
+    messages = [r for r in log[start:] if r["event"] == "message"]
+    return {
+        "messages": [(r["from"], r["to"], message_text(r["msg"])) for r in messages],
+        "before": before,
+        "after": after,
+        "reads": shell["shell_reads"],
+        "printed": shell["printed"].strip().splitlines()[-1],
+    }
+
+
+def message_text(msg: object) -> str:
+    fields = ", ".join(f"{k}={v!r}" for k, v in vars(msg).items() if k in ("uid",))
+    return f"{type(msg).__name__}({fields})"
+
+
+@figure("ch14", "ctrl_c")
+def ctrl_c_figure() -> plt.Figure:
+    import ch14_shell as m
+
+    with tempfile.TemporaryDirectory() as tmp:
+        shell = one_shell(tiny_model("qwen3", tmp), m.LONG_REPLY, [m.LONG_LINE], ctrl_c=True)
+    path, handlers = ctrl_c_path(shell), sigint_handlers()
+    before, after = path["before"], path["after"]
+    lanes = {"terminal": 0.9, "shell": 4.2, "tokenizer": 9.0, "scheduler": 13.2}
+    names = {
+        "terminal": "the terminal\n(its process group)",
+        "shell": "main process:\nthe shell",
+        "tokenizer": "tokenizer worker",
+        "scheduler": "scheduler process",
+    }
+    note = dict(fontsize=8.5, va="center", bbox=dict(facecolor="white", edgecolor="none", pad=1))
+    rows = 10.4 + 0.8 * len(path["messages"])
+    fig, ax = plt.subplots(figsize=(13, 0.55 * rows + 1.2), layout="constrained")
+    fig.suptitle(
+        f'Ctrl-C as the reply to "{m.LONG_LINE}" starts (the main\'s second shell, its '
+        "scheduler run in lockstep)"
+    )
+    diagram(ax, 17.5, rows + 0.6)
+    for lane, x in lanes.items():
+        ax.text(x, 0.1, names[lane], ha="center", va="center", fontsize=10, weight="bold")
+        ax.plot([x, x], [0.7, rows + 0.4], color=GREY, linewidth=1, zorder=0)
+    y = 1.3
+    for lane, what in [
+        ("shell", f"{handlers['shell']}:\nKeyboardInterrupt in Shell.turn"),
+        ("tokenizer", f"{handlers['worker']} (_worker_main): ignored"),
+        ("scheduler", f"{handlers['worker']}: ignored"),
+    ]:
+        arrow(ax, (lanes["terminal"], y), (lanes[lane], y), color=COLORS[3])
+        ax.text(lanes["terminal"] + 0.15, y - 0.18, "SIGINT", fontsize=8.5, color=COLORS[3])
+        ax.text(lanes[lane] + 0.15, y + 0.22, what, **{**note, "va": "top"})
+        y += 1.25
+    ax.text(
+        lanes["shell"] + 0.15,
+        y,
+        "closing(stream) closes the reply's generator;\nits finally sends the abort",
+        **note,
+    )
+    y += 0.9
+    for source, dest, what in path["messages"]:
+        arrow(ax, (lanes[source], y), (lanes[dest], y), color=COLORS[0])
+        ax.text(min(lanes[source], lanes[dest]) + 0.15, y - 0.15, what, fontsize=9)
+        y += 0.8
+    ax.text(
+        lanes["scheduler"] + 0.15,
+        y + 0.55,
+        "SchedulerLoop.abort:\ncache_req(finished=True),\ntable_manager.free;\n"
+        f"KV pages in use {before['in_use']} → {after['in_use']},\n"
+        f"cached {before['cached']} → {after['cached']} (the prompt's\nwhole pages); "
+        f"running {before['running']} → {after['running']}",
+        **note,
+    )
+    y += 1.9
+    arrow(ax, (lanes["scheduler"], y), (lanes["shell"], y), color=COLORS[2], linestyle="--")
+    ax.text(
+        lanes["shell"] + 0.15,
+        y - 0.15,
+        "SchedulerStats.publish: the gauges in shared memory (num_running_reqs "
+        f"{after['running']})",
+        fontsize=9,
+    )
+    reads = path["reads"]
+    ax.text(
+        lanes["shell"] + 0.15,
+        y + 0.75,
+        f"{path['printed']}; Shell._wait_idle reads the gauges until no request runs\n"
+        f"({len(reads)} read{'s' * (len(reads) != 1)} here, in lockstep), then the next prompt",
+        **note,
+    )
+    ax.text(
+        lanes["shell"] + 0.15,
+        y + 1.75,
+        "pieces of the request already on their way are dropped by ChatClient._replies",
+        color="#555555",
+        **note,
+    )
     return fig

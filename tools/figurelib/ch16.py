@@ -36,33 +36,53 @@ def split_k() -> plt.Figure:
 
     kv_heads = SHAPES["qwen3-0.6b"]["num_key_value_heads"]
     block_n = DECODE_TILES["16bit"]["BLOCK_N"]
-    fig, (left, right) = plt.subplots(
-        1, 2, figsize=(12, 5), width_ratios=[1, 1.25], layout="constrained"
+    fig, axes = plt.subplot_mosaic(
+        [["splits", "batch"], ["programs", "batch"]],
+        figsize=(12, 6),
+        width_ratios=[1, 1.25],
+        layout="constrained",
     )
     fig.suptitle("Split-K decode: how a batch's keys are divided among the kernel's programs")
-    batches = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    batches = list(range(1, 257))
     splits = [default_num_kv_splits(b, kv_heads) for b in batches]
     programs = [b * kv_heads * s for b, s in zip(batches, splits)]
-    x = range(len(batches))
-    left.bar(x, splits, color=COLORS[0], label="splits per request (left axis)")
-    for i, s in zip(x, splits):
-        left.text(i, s + 0.4, str(s), ha="center", fontsize=9)
-    left.set_xticks(list(x), [str(b) for b in batches])
-    left.set_xlabel("requests in the decode batch")
-    left.set_ylabel("num_kv_splits")
-    left.set_ylim(0, 44)  # the legend above the bars
-    left.set_title(
-        f"default_num_kv_splits, {kv_heads} KV heads: aim at ~1,024 programs", fontsize=10
+    powers = [b for b in batches if b & (b - 1) == 0]
+    top, low = axes["splits"], axes["programs"]
+    top.step(batches, splits, where="post", color=COLORS[0])
+    top.plot(powers, [splits[b - 1] for b in powers], "o", color=COLORS[0])
+    for b in powers:
+        top.text(b * 1.08, splits[b - 1] + 1.2, str(splits[b - 1]), fontsize=9)
+    top.set_ylabel("splits per request")
+    top.set_ylim(0, 40)
+    top.set_title(
+        f"default_num_kv_splits at {kv_heads} KV heads, for every batch of 1 to 256", fontsize=10
     )
-    count = left.twinx()
-    count.plot(x, programs, "o-", color=COLORS[1], label="stage-1 programs: B x KV heads x splits")
-    count.axhline(132, color=GREY, linestyle="--", label="an H200's 132 SMs")
-    count.set_yscale("log", base=2)
-    count.set_ylim(2**6, 2**15)  # the legend above the curve
-    count.set_ylabel("stage-1 programs (right axis)")
-    handles = left.get_legend_handles_labels()[0] + count.get_legend_handles_labels()[0]
-    left.legend(handles=handles, loc="upper right", fontsize=9)
+    low.step(batches, programs, where="post", color=COLORS[1], label="B x KV heads x splits")
+    low.plot(powers, [programs[b - 1] for b in powers], "o", color=COLORS[1])
+    low.axhline(1024, color=COLORS[1], linestyle=":", label="1,024: what the rule aims at")
+    low.axhline(132, color=GREY, linestyle="--", label="an H200's 132 SMs")
+    low.set_yscale("log", base=2)
+    low.set_ylim(2**6, 2**13)
+    ticks = [2**k for k in range(6, 14)]
+    low.set_yticks(ticks, [f"{t:,}" for t in ticks])
+    low.set_ylabel("stage-1 programs")
+    low.legend(loc="lower right", fontsize=9)
+    for ax in (top, low):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(powers, [str(b) for b in powers])
+        ax.set_xlim(0.8, 300)
+        ax.grid(alpha=0.3)
+    example = 48  # exercise 2's batch: splits round up to a power of two, so programs overshoot
+    low.annotate(
+        f"{example} requests: {splits[example - 1]} splits, {programs[example - 1]:,} programs",
+        (example, programs[example - 1]),
+        (1.1, 2**12.2),
+        fontsize=9,
+        arrowprops=dict(arrowstyle="-|>", color="#444444"),
+    )
+    low.set_xlabel("requests in the decode batch (B)")
 
+    right = axes["batch"]
     prompts, _ = nano_vllm_workload(4)
     lens = [len(p) + 300 for p in prompts]  # context at decode step 300, the new token included
     num_splits = default_num_kv_splits(len(lens), kv_heads)
@@ -109,11 +129,12 @@ class Tile(NamedTuple):
 def extend_tiles(cached_len: int, extend_len: int, block_m: int, block_n: int) -> list[Tile]:
     """The tiles _extend_kernel walks for one request and one head, by its loop bounds
     (python/minisgl/kernel/attention.py, which has no helper for them): a program per query block
-    of block_m (``offs_m``, line 221); part 1, ``for n in range(0, cached_len, BLOCK_N)`` over the
-    prefix with only the key mask (lines 233-239); part 2, ``for n in range(0, causal_end,
-    BLOCK_N)`` with ``causal_end = min((block + 1) * BLOCK_M, extend_len)`` over the new tokens,
-    key j visible to query i when j <= i (lines 240-249). The new tokens' keys are tiled from
-    the first new token, not from position 0; those at causal_end and past are never read."""
+    of block_m (``offs_m``); part 1, ``for n in range(0, cached_len, BLOCK_N)`` over the prefix
+    with only the key mask; part 2, ``for n in range(0, causal_end, BLOCK_N)`` with ``causal_end =
+    min((block + 1) * BLOCK_M, extend_len)`` over the new tokens, every tile masked with
+    ``visible``: key j seen by query i when j <= i. A tile whose keys all come at or before the
+    block's first query ("full") passes that mask whole. The new tokens' keys are tiled from the
+    first new token, not from position 0; those at causal_end and past are never read."""
 
     def cdiv(a: int, b: int) -> int:
         return -(-a // b)
@@ -138,9 +159,12 @@ def extend_tiles(cached_len: int, extend_len: int, block_m: int, block_n: int) -
 
 
 TILE_STYLE = {  # kind -> (fill, legend)
-    "prefix": (COLORS[0], "prefix keys, read through the page table: no causal mask (part 1)"),
-    "full": (COLORS[2], "new keys all before the block's queries: no causal mask (part 2)"),
-    "diagonal": (COLORS[1], "new keys crossing the diagonal: causal mask j <= i (part 2)"),
+    "prefix": (COLORS[0], "prefix keys: no causal mask, only k < cached_len (part 1)"),
+    "full": (
+        COLORS[2],
+        "new keys at or before the block's first query: mask j <= i, all true (part 2)",
+    ),
+    "diagonal": (COLORS[1], "new keys crossing the diagonal: mask j <= i hides some (part 2)"),
     "skipped": (LIGHT, "new keys after the block's last query: never read"),
 }
 

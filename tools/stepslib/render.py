@@ -84,24 +84,32 @@ def _source(book: Book, chapter: Chapter, path: str) -> Path:
 
 
 def find_symbol(text: str, symbol: str, path: str) -> str:
-    """The source of a function, a class or `Class.method`, dedented, decorators included."""
+    """The source of a function, a class, `Class.method` or an assignment to a name (a module's
+    table of constants, say), dedented, decorators included."""
     body = ast.parse(text).body
     node: ast.stmt | None = None
     for part in symbol.split("."):
-        candidates = [
-            n
-            for n in body
-            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-            and n.name == part
-        ]
+        candidates = [n for n in body if _defines(n, part)]
         if not candidates:
             raise BookError(f"{path} has no {symbol}")
         node = candidates[0]
-        body = node.body
+        body = getattr(node, "body", [])  # an assignment has no parts to look into
     assert node is not None
-    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+    first = min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", []))])
     lines = text.splitlines()[first - 1 : node.end_lineno]
     return textwrap.dedent("\n".join(lines)) + "\n"
+
+
+def _defines(node: ast.stmt, name: str) -> bool:
+    """Whether the statement defines ``name``: a def, a class, or ``name = ...`` (annotated or
+    not)."""
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return node.name == name
+    if isinstance(node, ast.Assign):
+        return any(isinstance(t, ast.Name) and t.id == name for t in node.targets)
+    if isinstance(node, ast.AnnAssign):
+        return isinstance(node.target, ast.Name) and node.target.id == name
+    return False
 
 
 def _code_block(title: str, code: str) -> str:

@@ -119,6 +119,15 @@ def test_find_symbol_takes_decorators_and_methods():
         find_symbol(text, "C.z", "f.py")
 
 
+def test_find_symbol_takes_an_assignment_to_a_name():
+    text = "TILES = {\n    'a': 1,  # why\n}\nx: int = 3\nY = TILES\n\n\nclass C:\n    SIZE = 4\n"
+    assert find_symbol(text, "TILES", "f.py") == "TILES = {\n    'a': 1,  # why\n}\n"
+    assert find_symbol(text, "x", "f.py") == "x: int = 3\n"
+    assert find_symbol(text, "C.SIZE", "f.py") == "SIZE = 4\n"
+    with pytest.raises(BookError, match="f.py has no TILES.a"):
+        find_symbol(text, "TILES.a", "f.py")
+
+
 def test_directives_outside_fences_only():
     text = "@[tree]\n```\n@[main]\n```\n@[code](a.py · f)\n  @[prints]\n"
     assert directives(text) == [(1, "tree", ""), (5, "code", "a.py · f")]
