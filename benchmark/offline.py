@@ -3,7 +3,7 @@ goes, and how far a decode step is from the bandwidth floor (chapter 15).
 
     PYTHONPATH=python python benchmark/offline.py --shape qwen3-0.6b [--num-seqs 32]
         [--max-output 128] [--compare hf] [--breakdown] [--busy] [--profile DIR] [--nvtx]
-        [--tp-size 2] [--moe-backend sync_free]
+        [--tp-size 2] [--moe-backend sync_free] [--overlap on|off]
     PYTHONPATH=python python benchmark/offline.py --model PATH ...
 
 The workload is nano-vllm's bench.py, draw for draw (examples/ch15_measure.py): 256 sequences,
@@ -37,6 +37,10 @@ the workload once more (ids shifted by four) under torch.profiler, recording the
 only, and prints how much of the wall time the device spent running kernels (the union of their
 intervals) and how the rest splits into gaps between kernels: the time the device waited for the
 host.
+
+``--overlap on|off`` sets the scheduler's ``overlap_scheduling`` (chapter 18); left out, the
+engine's default: on on a GPU, off on a CPU. ``benchmark/bench_overlap.py`` runs this script with
+each setting in turn on one chapter's tree.
 """
 
 from __future__ import annotations
@@ -101,6 +105,12 @@ def parse_args() -> argparse.Namespace:
         "--moe-backend",
         default=None,
         help="MoE backend: torch, fused (chapter 20), sync_free (chapter 21); default: auto",
+    )
+    p.add_argument(
+        "--overlap",
+        choices=["on", "off"],
+        default=None,
+        help="overlap scheduling (chapter 18); default: the engine's (on on a GPU)",
     )
     p.add_argument("--max-running-req", type=int, default=256)
     p.add_argument("--max-seq-len", type=int, default=4096)
@@ -169,6 +179,8 @@ def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
         options["moe_backend"] = args.moe_backend  # chapter 21's option
     if args.tp_size > 1:
         options["tp_size"] = args.tp_size  # chapter 19's option
+    if args.overlap is not None:
+        options["overlap_scheduling"] = args.overlap == "on"  # chapter 18's option
     return LLM(
         model_dir,
         device=args.device,
@@ -393,7 +405,8 @@ def main() -> None:
         print(
             f"model: {args.shape or args.model}, page size {args.page_size}, "
             f"attention {args.attn}, device {resolve_device(args.device)}"
-            + (f", MoE backend {args.moe_backend}" if args.moe_backend else ""),
+            + (f", MoE backend {args.moe_backend}" if args.moe_backend else "")
+            + (f", overlap {args.overlap}" if args.overlap else ""),
             flush=True,
         )
         run_minisgl(args, model_dir)

@@ -4,7 +4,8 @@ Each step launches the next batch before it processes the last one's tokens, so 
 host's work (scheduling, appending tokens, finishing requests) hides behind the forward. On a
 CPU the forward runs at once, but the order of the steps is the same, so the lag shows here:
 what each step processes and what it leaves in flight, a request that ends at EOS while the
-next batch already holds it, and the tokens, the same with overlap on and off.
+next batch already holds it, the tokens (the same with overlap on and off), and a long prompt
+that runs in chunks, each launched before the one before it is processed.
 """
 
 from __future__ import annotations
@@ -48,7 +49,27 @@ def timeline(path: str, overlap: bool, eos: tuple) -> list:
     return [r.output_ids for r in reqs]
 
 
+def chunked(path: str, overlap: bool) -> list:
+    """Request 0 beside a 20-token prompt, at most 8 prompt tokens a forward: what each step
+    processes, how much of request 1's prompt has been launched and what the host has of it."""
+    config = SchedulerConfig(path, device="cpu", overlap_scheduling=overlap, max_extend_tokens=8)
+    s = Scheduler(config)
+    reqs = [s.add_req(p, SamplingParams(max_tokens=n)) for p, n in ((PROMPTS[0], 4), (LONG, 3))]
+    print(f"overlap_scheduling={overlap}, max_extend_tokens=8")
+    step = 0
+    while (out := s.step()) is not None:
+        step += 1
+        done = f"{out.phase} {out.uids}: {'+'.join(map(str, out.extend_lens))}"
+        launched = min(reqs[1].cached_len, len(LONG))  # its prompt tokens given to a forward
+        print(
+            f"  step {step}: processed {done:20s} in flight: {show(s.in_flight):14s} "
+            f"request 1: {launched:2d}/{len(LONG)}, {reqs[1].output_ids}"
+        )
+    return [r.output_ids for r in reqs]
+
+
 PROMPTS = [[3, 1, 4, 1, 5], [2, 7, 1, 8], [6, 6, 6, 6, 6, 6]]
+LONG = list(range(10, 30))  # 20 tokens: chunks of 3 (beside request 0's 5), 8, 8 and 1
 PARAMS = [
     SamplingParams(max_tokens=6),  # greedy; EOS stops it
     SamplingParams(temperature=0.8, top_k=20, max_tokens=4, seed=7),  # seeded
@@ -68,6 +89,11 @@ with tempfile.TemporaryDirectory() as tmp:
     for uid, out in enumerate(outs[True]):
         print(f"request {uid}: {out}")
     print(f"same tokens with overlap on and off: {outs[True] == outs[False]}")
+    print()
+    print("request 1 now a 20-token prompt: by step, the tokens each request ran, and how many")
+    print("of request 1's prompt tokens were launched and which of its tokens the host has")
+    long_outs = {overlap: chunked(path, overlap) for overlap in (False, True)}
+    print(f"same tokens with overlap on and off: {long_outs[True] == long_outs[False]}")
     os.environ["MINISGL_DISABLE_OVERLAP_SCHEDULING"] = "1"
     s = Scheduler(SchedulerConfig(path, device="cpu", overlap_scheduling=True))
     print(f"MINISGL_DISABLE_OVERLAP_SCHEDULING=1, overlap_scheduling=True: overlap {s.overlap}")

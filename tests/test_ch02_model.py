@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from helpers import DENSE, copy_hf_weights, encode, hf_logits, hf_model
+from helpers import DENSE, copy_hf_weights, encode, hf_greedy, hf_logits, hf_model
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
@@ -313,6 +313,20 @@ def test_logits_match_transformers(tiny_models, family):
         ours, ref = sequence_logits(model, ids), hf_logits(path, ids)
         assert ours.shape == (len(ids), _config(path).vocab_size) and ours.dtype == torch.float32
         assert (ours - ref).abs().max() < 1e-4, family
+
+
+def test_llama3_greedy_tokens_past_the_original_context_match_transformers(tiny_models):
+    """Llama 3's rope scaling, token by token: eight greedy tokens after a prompt longer than
+    the tiny model's original 64 positions, each the argmax of the whole sequence's last row."""
+    path = tiny_models["llama3"]
+    model = create_model(_config(path))
+    copy_hf_weights(hf_model(path), model)
+    prompt = encode(path, "The quick brown fox jumps over the lazy dog. " * 8)
+    assert len(prompt) > 64
+    ids = list(prompt)
+    for _ in range(8):
+        ids.append(int(sequence_logits(model, ids)[-1].argmax()))
+    assert ids[len(prompt) :] == hf_greedy(path, [prompt], 8)[0]
 
 
 def test_position_t_sees_only_tokens_up_to_t(tiny_models):

@@ -13,7 +13,7 @@ from typing import Dict, List, Set
 
 import pytest
 import torch
-from helpers import assert_pages_all_back, greedy, hf_greedy
+from helpers import ROOT, assert_pages_all_back, benchmark_module, greedy, hf_greedy
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -238,6 +238,56 @@ def test_a_request_finished_in_the_lagged_step_is_given_back_once(tiny_models):
     assert_pages_all_back(s)
 
 
+def test_a_chunked_prompt_advances_a_chunk_a_launch(tiny_models):
+    """A chunk counts as run once launched, so with overlap each chunk is launched before the
+    one before it is processed, and the decode after the last chunk runs the request before the
+    host has its first token (read from last_tokens). The batches processed, with the tokens
+    each request ran, are those of overlap off, and so are the tokens."""
+    path = tiny_models["llama3"]
+    prompts = [[3, 1, 4, 1, 5], list(range(10, 30))]  # the second in chunks of 3, 8, 8 and 1
+    params = [SamplingParams(max_tokens=4), SamplingParams(max_tokens=3)]
+    batches, launches, outs = {}, {}, {}
+    for overlap in (False, True):
+        s = make(path, overlap, max_extend_tokens=8)
+        reqs = [s.add_req(p, sp) for p, sp in zip(prompts, params)]
+        done, seen = batches.setdefault(overlap, []), launches.setdefault(overlap, [])
+
+        def watched(
+            batch, *more, forward=s.engine.forward_batch, done=done, seen=seen, long=reqs[1]
+        ):
+            if long in batch.reqs:  # what the host has of the long request at each launch
+                seen.append((batch.phase, long.cached_len, len(long.output_ids), len(done)))
+            return forward(batch, *more)  # later chapters pass more (chapter 23: a mask)
+
+        s.engine.forward_batch = watched
+        while (out := s.step()) is not None:
+            done.append((out.phase, out.uids, out.extend_lens))
+        outs[overlap] = [r.output_ids for r in reqs]
+    assert batches[True] == batches[False] and outs[True] == outs[False]
+    assert [lens for phase, _, lens in batches[True] if phase == "prefill"] == [
+        [5, 3],
+        [8],
+        [8],
+        [1],
+    ]
+    # at each launch holding the long request: its phase, the prompt tokens launched before,
+    # the tokens the host has of it, and how many batches the host has processed
+    assert launches[False][:5] == [
+        ("prefill", 0, 0, 0),
+        ("prefill", 3, 0, 1),
+        ("prefill", 11, 0, 2),
+        ("prefill", 19, 0, 3),
+        ("decode", 20, 1, 4),
+    ]
+    assert launches[True][:5] == [
+        ("prefill", 0, 0, 0),
+        ("prefill", 3, 0, 0),  # the second chunk before the first is processed
+        ("prefill", 11, 0, 1),
+        ("prefill", 19, 0, 2),
+        ("decode", 20, 0, 3),  # before the host has its first token
+    ]
+
+
 def test_env_var_disables_overlap_as_upstreams_does(tiny_models, monkeypatch):
     path = tiny_models["llama3"]
     assert make(path, True).overlap and not make(path, False).overlap
@@ -374,3 +424,22 @@ def test_on_cuda_overlap_with_graphs_gives_the_tokens_of_overlap_off(tiny_models
         outs[overlap] = run(s, prompts, params, eos)
         s.shutdown()
     assert outs[True] == outs[False]
+
+
+@pytest.mark.skipif(
+    not (ROOT / "benchmark" / "bench_overlap.py").exists(),
+    reason="benchmark/ is not part of a chapter's tree",
+)
+def test_bench_overlap_reads_offline_pys_figure_and_tables_the_medians(capsys):
+    """benchmark/bench_overlap.py reads the line offline.py prints for its timed run, and
+    tables each setting's runs with their median and spread and the ratio of the medians."""
+    offline, bench = benchmark_module("offline"), benchmark_module("bench_overlap")
+    offline.report("minisgl", [SamplingParams(max_tokens=1000)] * 3, 0.25)
+    (line,) = capsys.readouterr().out.splitlines()
+    found = bench.RESULT.match(line.strip())
+    assert found and int(found[1].replace(",", "")) / float(found[2]) == 12000
+    runs = {"off": [100.0, 120.0, 90.0], "on": [130.0, 117.0, 150.0]}
+    text = bench.table(18, ["--shape", "tiny"], runs)
+    assert "| off | 100; 120; 90 | 100 | 30.0% |" in text
+    assert "| on | 130; 117; 150 | 130 | 25.4% |" in text
+    assert text.endswith("on / off, medians: 1.300")

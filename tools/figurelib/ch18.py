@@ -1,12 +1,14 @@
-"""Chapter 18's figure: timeline.svg, the main's run without and with overlap scheduling: host
+"""Chapter 18's figures: timeline.svg, the main's run without and with overlap scheduling: host
 and device, each request's tokens, the lagged EOS step, its dropped token and the release that
-waits for the batch in flight.
+waits for the batch in flight; chunked.svg, the main's long prompt in chunks, each chunk launched
+before the one before it is processed.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cache
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
@@ -26,6 +28,7 @@ class Event:
     kind: str
     batch: int = -1
     label: str = ""  # the batch as the main prints it: "decode [0, 1]"
+    lens: list[int] = field(default_factory=list)  # launch: the tokens each request runs
     uid: int = -1
     finished: bool = False  # release, cache: the request is done (its row goes back too)
     deferred: bool = False  # release: _release did not give it back at once (it waits)
@@ -33,10 +36,11 @@ class Event:
     dropped: dict[int, int] = field(default_factory=dict)  # process: uid -> token dropped
 
 
-def record_main() -> tuple[dict, dict[bool, list[Event]]]:
+@cache
+def record_main() -> tuple[dict, dict[tuple[str, bool], list[Event]]]:
     """Run examples/ch18_overlap.py as it is, with its scheduler's methods wrapped; the main's
-    globals and the events of its two timeline runs (the schedulers with the main's EOS), by
-    overlap on or off."""
+    globals and the events of its timeline runs (the schedulers with the main's EOS: "eos") and
+    of its chunked runs (max_extend_tokens 8: "chunked"), by part and overlap on or off."""
     from minisgl.scheduler import Scheduler
 
     real = {
@@ -57,7 +61,8 @@ def record_main() -> tuple[dict, dict[bool, list[Event]]]:
         launched = real["_launch_next"](self)
         if launched is not None:
             batches.setdefault(self, []).append(launched.batch)
-            events[self].append(Event("launch", len(batches[self]) - 1, show(launched.batch)))
+            k, label = len(batches[self]) - 1, show(launched.batch)
+            events[self].append(Event("launch", k, label, lens=list(launched.extend_lens)))
         return launched
 
     def process(self, done):
@@ -95,13 +100,20 @@ def record_main() -> tuple[dict, dict[bool, list[Event]]]:
             os.environ.pop("MINISGL_DISABLE_OVERLAP_SCHEDULING", None)
         else:
             os.environ["MINISGL_DISABLE_OVERLAP_SCHEDULING"] = before
-    runs = {s.overlap: run for s, run in events.items() if s.eos_token_ids == main["eos"]}
-    for overlap, run in runs.items():  # what was recorded is what the main printed
+    runs = {}
+    for s, run in events.items():
+        if s.eos_token_ids == main["eos"]:
+            runs["eos", s.overlap] = run
+        elif s.config.max_extend_tokens == 8:
+            runs["chunked", s.overlap] = run
+    printed = {"eos": main["outs"], "chunked": main["long_outs"]}
+    for (part, overlap), run in runs.items():  # what was recorded is what the main printed
         tokens: dict[int, list[int]] = {}
         for event in run:
             for uid, token in event.tokens.items():
                 tokens.setdefault(uid, []).append(token)
-        assert [tokens[uid] for uid in sorted(tokens)] == main["outs"][overlap], overlap
+        assert [tokens[uid] for uid in sorted(tokens)] == printed[part][overlap], (part, overlap)
+    assert len(runs) == 4, sorted(runs)
     return main, runs
 
 
@@ -165,7 +177,8 @@ def replay(run: list[Event], eos: tuple, host: float, forward: float) -> Replay:
 
 
 def _uids(label: str) -> list[int]:
-    return [int(u) for u in label.split("[", 1)[1].rstrip("]").split(",") if u.strip()]
+    inside = label.split("[", 1)[1].split("]", 1)[0]  # "decode [0, 1]" or "prefill [1]: 8"
+    return [int(u) for u in inside.split(",") if u.strip()]
 
 
 def draw_run(ax: plt.Axes, r: Replay, overlap: bool, uids: list[int]) -> None:
@@ -277,7 +290,7 @@ def overlap_timeline() -> plt.Figure:
     on a CPU; the durations are assumed (host work 1 unit per launch or process, a forward 2)."""
     main, runs = record_main()
     eos = main["eos"]
-    replays = {overlap: replay(runs[overlap], eos, 1.0, 2.0) for overlap in (False, True)}
+    replays = {overlap: replay(runs["eos", overlap], eos, 1.0, 2.0) for overlap in (False, True)}
     uids = sorted(replays[False].held)
     fig, axes = plt.subplots(2, 1, figsize=(13, 8.4), layout="constrained", sharex=True)
     fig.suptitle(
@@ -327,4 +340,68 @@ def overlap_timeline() -> plt.Figure:
         ),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=9, frameon=False)
+    return fig
+
+
+@figure("ch18", "chunked")
+def chunked_prefill() -> plt.Figure:
+    """The ch18 main's long prompt (request 1, 20 tokens, at most 8 prompt tokens a forward)
+    beside request 0, without and with overlap: the order is the scheduler's own, recorded as
+    the main runs on a CPU; the durations are assumed as in timeline.svg."""
+    main, runs = record_main()
+    replays = {}
+    for overlap in (False, True):
+        run = [  # each batch labelled with the tokens its requests run: "prefill [1]\n8 tokens"
+            replace(e, label=f"{e.label}\n{'+'.join(map(str, e.lens))} tokens") if e.lens else e
+            for e in runs["chunked", overlap]
+        ]
+        replays[overlap] = replay(run, (), 1.0, 2.0)
+    uids = sorted(replays[False].held)
+    fig, axes = plt.subplots(2, 1, figsize=(18, 8.4), layout="constrained", sharex=True)
+    fig.suptitle(
+        "Chunked prefill under the lag: each chunk is launched before the one before it is "
+        "processed"
+    )
+    for ax, overlap in zip(axes, (False, True)):
+        draw_run(ax, replays[overlap], overlap, uids)
+    r = replays[True]
+    chunks = [(k, label) for _, _, k, label in r.device if label.startswith("prefill [1]")]
+    (first_decode,) = [
+        k for _, _, k, label in r.device if label.startswith("decode") and 1 in _uids(label)
+    ][:1]
+    assert chunks[-1][0] + 1 == first_decode, "request 1's decode is not the next launch"
+    axes[1].text(
+        r.end + 1.6,
+        REQ0 + 0.5,
+        f"A chunk counts as run once it is launched\n"
+        f"(cached_len moves at launch), so request 1's\n"
+        f"next chunk is scheduled at once: batches\n"
+        f"{chunks[0][0]} to {chunks[-1][0]} each go out before the batch before\n"
+        f"them is processed. Processing a chunk appends\n"
+        f"nothing: it samples no token. Batch {chunks[-1][0]}, the last\n"
+        f"chunk, samples request 1's first token on the\n"
+        f"device; batch {first_decode}, launched before the host has\n"
+        f"that token, reads it from last_tokens.",
+        ha="left",
+        va="center",
+        fontsize=10,
+        linespacing=1.3,
+        bbox={"facecolor": "white", "edgecolor": COLORS[2], "pad": 5},
+    )
+    axes[1].set_xlim(-0.2, replays[False].end + 1.3)
+    axes[1].set_xlabel("time, in assumed units: a launch or a process 1, a forward 2")
+    handles = [
+        Patch(color=COLORS[0], label="launch (schedule, forward queued)"),
+        Patch(color=COLORS[1], label="process (tokens appended, requests finished)"),
+        Patch(color=GREY, label="host waits for the batch"),
+        Patch(color=COLORS[2], label="forward on the device: its requests and their tokens"),
+        Patch(color=LIGHT, label="a request holds a row and pages (| given back)"),
+        Patch(
+            facecolor="white",
+            edgecolor=WAITS,
+            hatch="///",
+            label="finished, release deferred while a batch is in flight",
+        ),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=9, frameon=False)
     return fig
