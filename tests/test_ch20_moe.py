@@ -16,7 +16,7 @@ from typing import Any, List
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import ROOT, build_llm, greedy, hf_greedy, hf_model
+from helpers import ROOT, build_llm, encode, greedy, hf_greedy, hf_model
 
 CUDA = torch.cuda.is_available()
 HAS_TRITON = importlib.util.find_spec("triton") is not None
@@ -308,6 +308,18 @@ def test_tiny_qwen3_moe_with_the_fused_backend_matches_hf(tiny_models) -> None:
     prompts = ["The quick brown fox", [7, 7, 1, 2]]
     out = llm.generate(prompts, greedy(6))
     assert [o["token_ids"] for o in out] == hf_greedy(path, prompts, 6)
+    llm.shutdown()
+
+
+def test_llama3_long_context_rope_matches_hf(tiny_models) -> None:
+    """Chapter 2's Llama 3 rope scaling through the whole engine (paged KV cache, chunked
+    prefill, the decode path), past the tiny model's original 64 positions."""
+    path = tiny_models["llama3"]
+    prompt = encode(path, "The quick brown fox jumps over the lazy dog. " * 8)
+    assert len(prompt) > 64
+    llm = build_llm(path)
+    out = llm.generate([prompt], greedy(8))
+    assert [o["token_ids"] for o in out] == hf_greedy(path, [prompt], 8)
     llm.shutdown()
 
 
