@@ -255,7 +255,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_a_killed_rank_stops_the_server_and_the_other_rank(tiny_models, tmp_path):
+@pytest.mark.parametrize("killed", ["scheduler", "scheduler-1"])
+def test_a_killed_rank_stops_the_server_and_the_other_rank(tiny_models, tmp_path, killed):
     """Exercise 4: rank 0 or rank 1 killed with SIGKILL while the server is idle (rank 0
     waiting on its socket, rank 1 in the broadcast). Either way chapter 12's watcher names it,
     a request gets a 503 that names it, the watcher ends the other rank's process from outside
@@ -266,38 +267,32 @@ def test_a_killed_rank_stops_the_server_and_the_other_rank(tiny_models, tmp_path
 
     model = tiny_models["qwen2bytes"]
     env = {"MINISGL_FAILURE_GRACE_S": "6"}
-    servers = {  # both started at once: most of a start is imports, each on one core
-        killed: Server(model, tmp_path / f"{killed}.log", "--tp-size", "2", env=env, wait=False)
-        for killed in ("scheduler", "scheduler-1")
-    }
+    srv = Server(model, tmp_path / "server.log", "--tp-size", "2", env=env)
     try:
-        for killed, srv in servers.items():
-            srv.wait_healthy()
-            other = srv.worker_pid("scheduler-1" if killed == "scheduler" else "scheduler")
-            os.kill(srv.worker_pid(killed), signal.SIGKILL)
-            deadline = time.monotonic() + WAIT
-            while True:  # until the server learns of it: then 503 for the grace period
-                assert time.monotonic() < deadline and srv.proc.poll() is None
-                reply = httpx.post(
-                    srv.url + "/v1/completions",
-                    json={"model": MODEL, "prompt": "Hi", "max_tokens": 1},
-                    headers={"Authorization": f"Bearer {KEY}"},
-                    timeout=WAIT,
-                )
-                if reply.status_code == 503:
-                    break
-                time.sleep(0.1)
-            assert killed in reply.json()["error"]["message"]
-            ended_by = time.monotonic() + 3.0  # by the watcher, not the stop 6 s later
-            while _alive(other):
-                assert time.monotonic() < ended_by, "the other rank waited for the server's stop"
-                time.sleep(0.05)
-            assert srv.proc.wait(timeout=WAIT) != 0
-            log = srv.log.read_text()
-            assert f"the {killed} process was killed by SIGKILL" in log, log
+        other = srv.worker_pid("scheduler-1" if killed == "scheduler" else "scheduler")
+        os.kill(srv.worker_pid(killed), signal.SIGKILL)
+        deadline = time.monotonic() + WAIT
+        while True:  # until the server learns of it: then 503 for the grace period
+            assert time.monotonic() < deadline and srv.proc.poll() is None
+            reply = httpx.post(
+                srv.url + "/v1/completions",
+                json={"model": MODEL, "prompt": "Hi", "max_tokens": 1},
+                headers={"Authorization": f"Bearer {KEY}"},
+                timeout=WAIT,
+            )
+            if reply.status_code == 503:
+                break
+            time.sleep(0.1)
+        assert killed in reply.json()["error"]["message"]
+        ended_by = time.monotonic() + 3.0  # by the watcher, not the stop 6 s later
+        while _alive(other):
+            assert time.monotonic() < ended_by, "the other rank waited for the server's stop"
+            time.sleep(0.05)
+        assert srv.proc.wait(timeout=WAIT) != 0
+        log = srv.log.read_text()
+        assert f"the {killed} process was killed by SIGKILL" in log, log
     finally:
-        for srv in servers.values():
-            srv.stop()
+        srv.stop()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (NCCL)")
