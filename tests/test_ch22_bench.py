@@ -138,3 +138,43 @@ def test_profile_kinds_name_chapter_22s_kernels():
         "some_unknown_kernel": "other",
     }
     assert {name: kind_of(name) for name in expected} == expected
+
+
+def test_bench_settings_reads_each_setting_and_tables_runs_and_phases(capsys):
+    """benchmark/bench_settings.py: a setting's NAME=VALUE words go to the environment and the
+    rest to offline.py; it reads offline.py's timed line and --breakdown's ms a call, and
+    tables each setting's runs, median, spread and ratio, and each phase's median."""
+    bench, offline = benchmark_module("bench_settings"), benchmark_module("offline")
+    off = bench.parse_setting("kernels off:MINISGL_DISABLE_FUSED_KERNELS=1 --page-size 16")
+    assert (off.label, off.env, off.options) == (
+        "kernels off",
+        {"MINISGL_DISABLE_FUSED_KERNELS": "1"},
+        ["--page-size", "16"],
+    )
+    on = bench.parse_setting("kernels on:")
+    assert (on.env, on.options) == ({}, [])
+    with pytest.raises(ValueError):
+        bench.parse_setting("no label here")
+    offline.report("minisgl", [offline.SamplingParams(max_tokens=1000)] * 3, 0.25)
+    printed = capsys.readouterr().out
+    # two rows as offline.py's breakdown prints them, and its line outside the phases
+    printed += "  schedule             0.553    1023     0.541   6.1%\n"
+    printed += "  forward decode       5.444    1023     5.322  60.1%\n"
+    printed += "  (outside phases)     0.018                     1.1%\n"
+    run = bench.parse_output(printed)
+    assert run.tokens_per_s == 12000
+    assert run.phases_ms == {"schedule": 0.541, "forward decode": 5.322}
+    with pytest.raises(ValueError):
+        bench.parse_output("no timed line")
+    runs = {
+        "kernels on": [
+            bench.Run(v, {"schedule": m}) for v, m in ((100, 0.5), (120, 0.7), (90, 0.6))
+        ],
+        "kernels off": [
+            bench.Run(v, {"schedule": m}) for v, m in ((130, 1.0), (117, 0.9), (150, 1.2))
+        ],
+    }
+    text = bench.table(22, ["--shape", "tiny"], [on, off], runs)
+    assert "| kernels on | 100; 120; 90 | 100 | 30.0% | 1.000 |" in text
+    assert "| kernels off | 130; 117; 150 | 130 | 25.4% | 1.300 |" in text
+    assert "| schedule | 0.600 (33%) | 1.000 (30%) |" in text

@@ -118,6 +118,7 @@ def test_guidance_gen_streams_with_logprobs_through_its_openai_model(guidance, s
         NAME, base_url=server.url + "/v1", api_key=KEY, echo=False, http_client=recorder.client()
     )
     out = _asked(guidance, model, "Say hello.", guidance.gen("reply", max_tokens=6))
+    print(f"guidance gen through its OpenAI model: {out['reply']!r}")
     assert isinstance(out["reply"], str) and out["reply"].strip()
     [body] = recorder.bodies
     assert body["stream"] and body["logprobs"] and body["top_logprobs"] == 5
@@ -138,6 +139,7 @@ def test_guidance_select_sends_lark_that_the_server_holds(guidance, sglang_model
     out = _asked(
         guidance, model, "Is the sky blue? Answer yes or no.", guidance.select(options, name="x")
     )
+    print(f"guidance select: {out['x']!r}")
     assert out["x"] in options
     [body] = recorder.bodies
     assert body["ebnf"].startswith("%llguidance {}") and '"it depends"' in body["ebnf"]
@@ -153,6 +155,7 @@ def test_guidance_gen_with_a_regex_gives_text_the_regex_matches(guidance, sglang
         "Name a city and the year it was founded.",
         guidance.gen("x", regex=pattern),
     )
+    print(f"guidance gen(regex={pattern!r}): {out['x']!r}")
     assert re.fullmatch(pattern, out["x"]), out["x"]
     [body] = recorder.bodies
     assert body["regex"] == pattern
@@ -210,6 +213,7 @@ def test_langchain_binds_a_named_tool_and_round_trips_its_result(lc, server, rea
     ask = HumanMessage(ASK)
     called = chat.bind_tools([get_weather], tool_choice="get_weather").invoke([ask])
     [call] = called.tool_calls
+    print(f"LangChain bind_tools: {call['name']}({call['args']})")
     assert call["name"] == "get_weather" and call["id"].startswith("call_")
     Weather(**call["args"])  # raises unless the arguments fit the schema
     assert called.response_metadata["finish_reason"] == "tool_calls" and called.content == ""
@@ -217,6 +221,7 @@ def test_langchain_binds_a_named_tool_and_round_trips_its_result(lc, server, rea
     assert isinstance(result, ToolMessage) and result.tool_call_id == call["id"]
 
     final = chat.bind_tools([get_weather]).invoke([ask, called, result])
+    print(f"LangChain's answer after the tool's result: {final.content!r}")
     assert isinstance(final, AIMessage) and not final.tool_calls
     assert isinstance(final.content, str) and final.content.strip()
     sent = recorder.bodies[-1]
@@ -242,6 +247,7 @@ def test_langchain_required_calls_one_of_two_tools_with_valid_arguments(lc, serv
         .invoke(ASK)
     )
     [call] = called.tool_calls
+    print(f"LangChain tool_choice='required': {call['name']}({call['args']})")
     schema = {"get_weather": Weather, "now": Clock}[call["name"]]
     schema(**call["args"])
     assert recorder.bodies[0]["tool_choice"] == "required"
@@ -253,6 +259,7 @@ def test_langchain_structured_output_by_function_calling(lc, server):
     city = chat.with_structured_output(City, method="function_calling").invoke(
         "Name the capital of France."
     )
+    print(f"LangChain with_structured_output: {city!r}")
     assert isinstance(city, City)  # validated by pydantic
     assert recorder.bodies[0]["tool_choice"] == {"type": "function", "function": {"name": "City"}}
 

@@ -45,9 +45,7 @@ def moe_layer_time() -> plt.Figure:
         color, style = styles[name]
         over = [t / r for t, r in zip(ms[name], ms["roofline"])]
         right.plot(tokens, over, style, color=color, label=name, markersize=4)
-    right.axhline(
-        1.5, color=COLORS[3], linestyle=":", label="1.5x the roofline (the aim, T <= 512)"
-    )
+    right.axhline(1.5, color=COLORS[3], linestyle=":", label="1.5x the roofline")
     right.set_xscale("log", base=2)
     right.set_ylim(1, 5)
     right.set_xlabel("tokens in the batch")

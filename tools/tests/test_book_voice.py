@@ -61,6 +61,11 @@ ALLOWED = [
         "upstream's GitHub issues, cited for the bugs they record",
     ),
     Allowed(
+        "chapters/ch22_fused/README.md",
+        r"https://github\.com/cosmoliu2002/nano-vllm-triton/issues/1",
+        "the address of the peers' published figures, a report on another project's tracker",
+    ),
+    Allowed(
         "chapters/ch14_shell/README.md",
         r"\bsessions?\b",
         "a session of the interactive shell (prompt_toolkit's PromptSession), the chapter's "
