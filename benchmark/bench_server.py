@@ -7,6 +7,9 @@ For each number of concurrent streams N: N requests (prompts of 16 to 48 words, 
 ``python -m minisgl`` as N concurrent streaming HTTP clients. It prints the output tokens per
 second of both, the server's time to first token (median and worst) and the per-token overhead
 of the process pipeline: (server time - offline time) / output tokens. Best of ``--repeat`` runs.
+Then, for each N, the CPU seconds that each of the server's processes (read from Linux's
+``/proc/PID/stat``) and the offline run took, per run, the mean of the ``--repeat`` timed runs:
+where the server's work goes.
 
 ``--threads`` is torch's thread count in both (``OMP_NUM_THREADS`` for the server's processes):
 with one, the scheduler leaves the other core to the API server and the tokenizer worker.
@@ -19,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import socket
 import statistics
@@ -27,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import List, Tuple
+from typing import Dict, List, Tuple
 
 import httpx
 import torch
@@ -105,24 +109,47 @@ async def server_run(url: str, prompts: List[str], output_len: int) -> Tuple[flo
     return elapsed, [ttft for ttft, _ in results]
 
 
-def start_server(model: Path, threads: int) -> Tuple[subprocess.Popen, str]:
+def start_server(
+    model: Path, threads: int, log: Path
+) -> Tuple[subprocess.Popen, str, Dict[str, int]]:
+    """The server, its URL, and the pids of its three processes by role."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "OMP_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(port), *FLAGS],
-        env=env,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(log, "wb") as err:  # its first line names the workers' pids
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "minisgl", "--model", str(model), "--port", str(port), *FLAGS],
+            env=env,
+            stderr=err,
+        )
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
+                workers = re.search(
+                    r"workers: scheduler \(pid (\d+)\), tokenizer \(pid (\d+)\)", log.read_text()
+                )
+                assert workers, log.read_text()
+                pids = {
+                    "API server": proc.pid,
+                    "tokenizer": int(workers[2]),
+                    "scheduler": int(workers[1]),
+                }
+                return proc, url, pids
         except httpx.TransportError:
             time.sleep(0.2)
     raise TimeoutError("the server did not start")
+
+
+def cpu_seconds(pids: Dict[str, int]) -> Dict[str, float]:
+    """User + system CPU seconds each process has used so far (Linux's /proc/PID/stat)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for name, pid in pids.items():
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        out[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
 
 
 def main() -> None:
@@ -137,7 +164,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = tiny_models.make_tiny_model(a.model, f"{tmp}/{a.model}")
         llm = LLM(model, **OPTIONS)
-        proc, url = start_server(model, a.threads)
+        proc, url, pids = start_server(model, a.threads, Path(tmp) / "server.log")
+        cpu: List[str] = []
         try:
             print(
                 "| streams | offline tok/s | server tok/s | server / offline | TTFT median "
@@ -148,10 +176,19 @@ def main() -> None:
                 prompts = make_prompts(n, seed=n)
                 offline_seconds(llm, prompts, a.output_len)  # warm up both
                 asyncio.run(server_run(url, prompts, a.output_len))
+                start = time.process_time()
                 off = min(offline_seconds(llm, prompts, a.output_len) for _ in range(a.repeat))
+                offline_cpu = (time.process_time() - start) / a.repeat
+                before = cpu_seconds(pids)
                 runs = [
                     asyncio.run(server_run(url, prompts, a.output_len)) for _ in range(a.repeat)
                 ]
+                used = {k: (v - before[k]) / a.repeat for k, v in cpu_seconds(pids).items()}
+                cpu.append(
+                    f"| {n} | {statistics.mean(w for w, _ in runs):.2f} | "
+                    + " | ".join(f"{s:.2f}" for s in used.values())
+                    + f" | {offline_cpu:.2f} |"
+                )
                 wall, ttfts = min(runs)
                 tokens = n * a.output_len
                 print(
@@ -160,6 +197,12 @@ def main() -> None:
                     f"{max(ttfts) * 1e3:.0f} ms | {(wall - off) / tokens * 1e3:.2f} ms |",
                     flush=True,
                 )
+            print(
+                "\nCPU seconds per run, the mean of the timed runs:\n"
+                f"| streams | server wall s | {' | '.join(pids)} | offline (this process) |\n"
+                "| --- | --- | --- | --- | --- | --- |"
+            )
+            print("\n".join(cpu), flush=True)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=30)

@@ -4,6 +4,7 @@
     PYTHONPATH=python python benchmark/bench_stage2.py batch     # ch06: batch size vs tokens/s
     PYTHONPATH=python python benchmark/bench_stage2.py radix     # ch08: prefill saved by hits
     PYTHONPATH=python python benchmark/bench_stage2.py chunked   # ch09: chunk budget vs step time
+    PYTHONPATH=python python benchmark/bench_stage2.py llm       # ch10: one call against N calls
 
 Every run uses one thread and takes the best (shortest) of ``--repeat`` runs, timed in CPU
 seconds of this process (``--clock wall`` for wall time), since the machine may be shared.
@@ -317,6 +318,64 @@ def longest_gap(token_times: List[List[float]]) -> float:
     return max(b - a for times in token_times for a, b in zip(times, times[1:]))
 
 
+# ---- ch10: one generate call for all prompts against one call per prompt -------------------
+
+
+def bench_llm(path: str, args: argparse.Namespace) -> None:
+    from minisgl.llm import LLM  # chapter 10's
+
+    words = tiny_models.TEXT.split()
+    # each prompt shorter than a page of 16 tokens: the prefix cache, which keeps whole pages,
+    # has nothing to share, so only the batching differs
+    starts = [7 * i % (len(words) - 8) for i in range(args.prompts)]
+    prompts = [" ".join(words[s : s + 4 + i % 5]) for i, s in enumerate(starts)]
+    params = SamplingParams(max_tokens=args.output, ignore_eos=True)
+    llm = LLM(path, device="cpu", page_size=16, max_running_req=max(64, args.prompts))
+    llm.generate(["Hello"], params)  # warm up: the first forward is slow
+    forwards = count_forwards(llm)
+    runs: Dict[str, List[float]] = {"one call": [], "a call each": []}
+    results: Dict[str, List[List[int]]] = {}
+    counts: Dict[str, int] = {}
+    for _ in range(args.repeat):  # interleaved, so that a busy moment of the machine hits both
+        for how in runs:
+            forwards["n"] = 0
+            start = clock()
+            if how == "one call":
+                outs = llm.generate(prompts, params)
+            else:
+                outs = [llm.generate([p], params)[0] for p in prompts]
+            runs[how].append(clock() - start)
+            results[how], counts[how] = [o["token_ids"] for o in outs], forwards["n"]
+    llm.shutdown()
+    tokens = args.prompts * args.output
+    print(
+        f"{args.prompts} prompts of {min(map(len, results['one call']))} new tokens each "
+        f"({tokens} in all), greedy; best of {args.repeat}, interleaved"
+    )
+    print(f"{'how':>12} {'forwards':>8} {'total s':>8} {'tokens/s':>8} {'speed-up':>8}")
+    one_by_one = min(runs["a call each"])
+    for how, times in runs.items():
+        best = min(times)
+        print(
+            f"{how:>12} {counts[how]:8d} {best:8.2f} {tokens / best:8.0f} {one_by_one / best:7.2f}x"
+        )
+    same = results["one call"] == results["a call each"]
+    print(f"the same tokens either way: {same}")
+
+
+def count_forwards(llm: Any) -> Dict[str, int]:
+    """Wrap the engine's ``forward_batch`` to count the forwards it runs: ``counter["n"]``."""
+    engine, counter = llm.scheduler.engine, {"n": 0}
+    forward_batch = engine.forward_batch
+
+    def counted(batch: Batch) -> torch.Tensor:
+        counter["n"] += 1
+        return forward_batch(batch)
+
+    engine.forward_batch = counted
+    return counter
+
+
 def main() -> None:
     common = argparse.ArgumentParser(add_help=False)  # options every subcommand takes
     common.add_argument("--threads", type=int, default=1)
@@ -345,12 +404,20 @@ def main() -> None:
     p.add_argument("--long", type=int, default=2048)
     p.add_argument("--output", type=int, default=16)
     p.add_argument("--budgets", type=int, nargs="+", default=[2048, 512, 128, 32])
+    p = sub.add_parser("llm", parents=[common], help="ch10: one call against a call a prompt")
+    p.add_argument("--model", choices=("tiny", "small"), default="tiny")
+    p.add_argument("--prompts", type=int, default=32)
+    p.add_argument("--output", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     global clock
     clock = CLOCKS[args.clock]
     bench = dict(
-        kvcache=bench_kvcache, batch=bench_batch, radix=bench_radix, chunked=bench_chunked
+        kvcache=bench_kvcache,
+        batch=bench_batch,
+        radix=bench_radix,
+        chunked=bench_chunked,
+        llm=bench_llm,
     )[args.command]
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(args.model, f"{tmp}/{args.model}")

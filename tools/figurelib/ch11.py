@@ -4,8 +4,12 @@ and without a stop string.
 
 from __future__ import annotations
 
+from functools import cache
+
 import matplotlib.pyplot as plt
+from matplotlib import font_manager
 from matplotlib.axes import Axes
+from matplotlib.ft2font import FT2Font
 from matplotlib.patches import Rectangle
 
 from .common import COLORS, GREY, LIGHT, box, diagram, figure, run_main
@@ -41,7 +45,7 @@ def draw_offsets(
             else:
                 kind = 0 if j < state.surr_offset else 1 if j < state.read_offset else 2
             box(ax, j, y, 1, 0.8, kinds[kind][1])
-        sent = f"sent {piece!r}" if piece else "sent nothing"
+        sent = f"sent {shown(piece)}" if piece else "sent nothing"
         if state.finish_reason and not piece:
             sent += f"  (finish_reason={state.finish_reason!r})"
         ax.text(
@@ -53,6 +57,20 @@ def draw_offsets(
             fontsize=9,
         )
     return kinds
+
+
+def shown(text: str) -> str:
+    """``text`` in quotes, each character that the figures' font has no glyph for (CJK here)
+    written as its escape, ``\\u5f88``: a viewer without a CJK font would draw boxes."""
+    glyphs = font_glyphs()
+    return "'" + "".join(c if ord(c) in glyphs else f"\\u{ord(c):04x}" for c in text) + "'"
+
+
+@cache
+def font_glyphs() -> frozenset[int]:
+    """The code points the figures' font (``font.family``) draws."""
+    path = font_manager.findfont(plt.rcParams["font.family"][0])
+    return frozenset(FT2Font(path).get_charmap())
 
 
 def token_label(tok, token: int) -> str:
@@ -80,7 +98,7 @@ def offsets() -> plt.Figure:
     tok, ids = main["tok"], main["reply_ids"]
     fig, axes = plt.subplots(2, 1, figsize=(12, 9.5), layout="constrained")
     fig.suptitle(
-        f"Incremental detokenization of {main['reply']!r} ({len(ids)} byte-level "
+        f"Incremental detokenization of {shown(main['reply'])} ({len(ids)} byte-level "
         "tokens, bytes shown above each)"
     )
     draw_offsets(axes[0], tok, ids, [], "no stop string: every piece as soon as it is final")
@@ -89,7 +107,8 @@ def offsets() -> plt.Figure:
         tok,
         ids,
         ["很好"],
-        "stop=['很好']: 很 waits as the start of the stop string, then the stop string is cut",
+        f"stop=[{shown('很好')}]: {shown('很')} waits as the start of the stop string, then the "
+        "stop string is cut",
     )
     handles = [Rectangle((0, 0), 1, 1, color=c) for _, c in kinds]
     fig.legend(handles, [k for k, _ in kinds], loc="outside lower center", ncols=2, frameon=False)
