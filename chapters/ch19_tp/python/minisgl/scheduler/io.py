@@ -168,8 +168,8 @@ class SchedulerLoop:
 
 
 def _api_reason(why: str) -> str:
-    """The API's word for why a request finished: "length" at max_tokens, else "stop" (EOS, a
-    grammar's end)."""
+    """The API's word for why a request finished: "length" at max_tokens, else "stop" (an
+    EOS)."""
     return "length" if why == "length" else "stop"
 
 
