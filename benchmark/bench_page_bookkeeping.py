@@ -1,13 +1,15 @@
 """What one request's page bookkeeping costs as the KV pool grows: the free-page ring against
-the Python list it replaced (chapter 7).
+a Python list of the free pages (chapter 7).
 
     PYTHONPATH=python python benchmark/bench_page_bookkeeping.py [--device cpu|cuda]
 
 For pools of 10^3 to 10^8 pages (page size 1), a request of 64 tokens takes its pages
 (``CacheManager.allocate``) and gives them back (``cache_req``), many times over; it prints the
-microseconds of one round trip. The list is what chapter 7 first wrote: a Python list whose
-head is sliced off on every take, which copies the rest of the list, so it costs O(pool) (it is
-skipped at 10^8 pages, where the list alone would take gigabytes).
+microseconds of one round trip. Beside it, a Python list whose head is sliced off on every
+take, which copies the rest of the list, so it costs O(pool) (it is skipped at 10^8 pages, where
+the list alone would take gigabytes). Run from a chapter's tree (``python tools/steps.py
+checkout 7 DIR``, with this file copied into DIR/benchmark), it measures that chapter's
+``CacheManager``.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
     PYTHONPATH=python python benchmark/bench_stage2.py kvcache   # ch05: cache vs recompute
     PYTHONPATH=python python benchmark/bench_stage2.py batch     # ch06: batch size vs tokens/s
+    PYTHONPATH=python python benchmark/bench_stage2.py continuous  # ch07: per step vs per batch
     PYTHONPATH=python python benchmark/bench_stage2.py radix     # ch08: prefill saved by hits
     PYTHONPATH=python python benchmark/bench_stage2.py chunked   # ch09: chunk budget vs step time
     PYTHONPATH=python python benchmark/bench_stage2.py llm       # ch10: one call against N calls
@@ -203,6 +204,79 @@ def bench_batch(path: str, args: argparse.Namespace) -> None:
         print(f"{b:5d} {1e3 * best / args.steps:8.2f} {rate:9.0f} {rate / base:9.1f}x")
 
 
+# ---- ch07: continuous batching against running each batch to completion ------------------
+
+
+def serve(path: str, reqs: List[Tuple[List[int], SamplingParams]], rows: int, continuous: bool):
+    """Serve ``reqs`` (all arrived at once) with ``rows`` rows of the page table. Continuous: all
+    are queued and the scheduler admits one as soon as a row frees. To completion: ``rows`` are
+    queued only when none is running, so a batch runs until its longest request ends. Returns
+    the steps, the decode steps, the requests they ran, the seconds, and each request's wait
+    for its first token."""
+    from minisgl.scheduler import Scheduler, SchedulerConfig  # chapter 7's
+
+    longest = max(len(ids) + p.max_tokens for ids, p in reqs)
+    s = Scheduler(
+        SchedulerConfig(
+            path,
+            device="cpu",
+            page_size=16,
+            num_pages=rows * -(-longest // 16),  # pages never limit admission: rows do
+            max_running_req=rows,
+        )
+    )
+    s.add_req([1, 2, 3], SamplingParams(max_tokens=2))  # warm up: the first forward is slow
+    s.run_until_idle()
+    queue, added, first = list(reqs), [], {}
+    steps = decode_steps = decode_rows = 0
+    start = clock()
+    while queue or not s.idle:
+        if queue and (continuous or s.idle):
+            take = len(queue) if continuous else rows
+            added += [s.add_req(ids, params) for ids, params in queue[:take]]
+            del queue[:take]
+        out = s.step()
+        assert out is not None
+        steps += 1
+        if out.phase == "decode":
+            decode_steps, decode_rows = decode_steps + 1, decode_rows + len(out.uids)
+        now = clock()
+        for req in added:
+            if req.output_ids and req.uid not in first:
+                first[req.uid] = now - start
+    total = clock() - start
+    s.shutdown()
+    return steps, decode_steps, decode_rows, total, list(first.values())
+
+
+def bench_continuous(path: str, args: argparse.Namespace) -> None:
+    lengths = [args.output[i % len(args.output)] for i in range(args.requests)]
+    reqs = [
+        ([20 + i % 300] * args.prompt, SamplingParams(max_tokens=n, ignore_eos=True))
+        for i, n in enumerate(lengths)
+    ]
+    print(
+        f"{args.requests} requests of {args.prompt} prompt tokens, all at once, new tokens "
+        f"{'/'.join(map(str, args.output))} in turn ({sum(lengths)} in all); "
+        f"{args.rows} rows, pages of 16; best of {args.repeat}"
+    )
+    print(
+        f"{'policy':>13} {'steps':>5} {'decode':>6} {'mean batch':>10} {'total s':>7} "
+        f"{'tokens/s':>8} {'first token s: mean':>19} {'max':>5}"
+    )
+    for continuous in (False, True):
+        runs = [serve(path, reqs, args.rows, continuous) for _ in range(args.repeat)]
+        steps, decode_steps, decode_rows, _, _ = runs[0]
+        total = min(r[3] for r in runs)
+        firsts = min(runs, key=lambda r: r[3])[4]
+        name = "continuous" if continuous else "to completion"
+        print(
+            f"{name:>13} {steps:5d} {decode_steps:6d} {decode_rows / decode_steps:10.1f} "
+            f"{total:7.2f} {sum(lengths) / total:8.0f} {sum(firsts) / len(firsts):19.2f} "
+            f"{max(firsts):5.2f}"
+        )
+
+
 # ---- ch08 and ch09: workloads through the scheduler ----------------------------------------
 
 
@@ -392,6 +466,12 @@ def main() -> None:
     p.add_argument("--prompt", type=int, default=32)
     p.add_argument("--steps", type=int, default=32)
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 64])
+    p = sub.add_parser("continuous", parents=[common], help="ch07: continuous vs to completion")
+    p.add_argument("--model", choices=("tiny", "small"), default="tiny")
+    p.add_argument("--requests", type=int, default=32)
+    p.add_argument("--prompt", type=int, default=16)
+    p.add_argument("--output", type=int, nargs="+", default=[8, 128, 16, 64, 32, 96, 24, 48])
+    p.add_argument("--rows", type=int, default=8)
     p = sub.add_parser("radix", parents=[common], help="ch08: prompt tokens saved by hits")
     p.add_argument("--model", choices=("tiny", "small"), default="tiny")
     p.add_argument("--requests", type=int, default=32)
@@ -415,6 +495,7 @@ def main() -> None:
     bench = dict(
         kvcache=bench_kvcache,
         batch=bench_batch,
+        continuous=bench_continuous,
         radix=bench_radix,
         chunked=bench_chunked,
         llm=bench_llm,

@@ -18,8 +18,9 @@ def page_table() -> plt.Figure:
     slots = main["ctx"].page_table[req.table_idx, : req.cached_len].tolist()
     prompt_len = len(req.input_ids)
     total = num_pages * size
-    fig, ax = plt.subplots(figsize=(12, 4.6), layout="constrained")
-    diagram(ax, total + 1, 9.2)
+    pool_y = 7  # the pool's row; above it the request: positions, slots, each step's out_loc
+    fig, ax = plt.subplots(figsize=(12, 5.1), layout="constrained")
+    diagram(ax, total + 1, pool_y + 3.2)
     fig.suptitle("The paged KV cache at the end of the chapter 5 main")
     offset = (total - len(slots)) / 2  # the request's positions, centred above the pool
     ax.text(offset - 0.3, 0.5, "position", ha="right", va="center")
@@ -31,7 +32,13 @@ def page_table() -> plt.Figure:
         box(ax, offset + pos, 0, 1, 1, color, str(pos), color="white")
         box(ax, offset + pos, 1, 1, 1, LIGHT, str(slot), fontsize=9)
         if pos % size == 0:
-            arrow(ax, (offset + pos + size / 2, 2.1), (slot + size / 2, 5.9), color=color)
+            arrow(ax, (offset + pos + size / 2, 3.1), (slot + size / 2, pool_y - 0.1), color=color)
+    # a step's out_loc is its positions' slots: the prefill's all of the prompt's, a decode's one
+    ax.text(offset - 0.3, 2.5, "each step's\nout_loc", ha="right", va="center")
+    prefill = ", ".join(str(s) for s in slots[:prompt_len])
+    box(ax, offset, 2, prompt_len, 1, GREY, f"prefill: [{prefill}]", fontsize=9)
+    for pos in range(prompt_len, len(slots)):
+        box(ax, offset + pos, 2, 1, 1, GREY, f"[{slots[pos]}]", fontsize=8)
     ax.text(
         offset,
         -0.4,
@@ -40,13 +47,13 @@ def page_table() -> plt.Figure:
         fontsize=10,
     )
     used = {slot: pos for pos, slot in enumerate(slots)}
-    ax.text(-0.2, 5.9, "KV pool", ha="left", va="bottom", fontweight="bold")
+    ax.text(-0.2, pool_y - 0.1, "KV pool", ha="left", va="bottom", fontweight="bold")
     for page in range(num_pages):
         held = page in holder
         color = COLORS[holder[page]] if held else GREY
         ax.text(
             page * size + size / 2,
-            7.9,
+            pool_y + 1.9,
             f"page {page}" + ("" if held else " (free)"),
             ha="center",
             va="top",
@@ -56,7 +63,7 @@ def page_table() -> plt.Figure:
             box(
                 ax,
                 slot,
-                6,
+                pool_y,
                 1,
                 1,
                 color if slot in used else LIGHT,
@@ -65,11 +72,17 @@ def page_table() -> plt.Figure:
                 fontsize=8,
             )
             ax.text(
-                slot + 0.5, 7.3, str(slot), ha="center", va="center", fontsize=7, color="#666666"
+                slot + 0.5,
+                pool_y + 1.3,
+                str(slot),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="#666666",
             )
     ax.text(
         total / 2,
-        8.8,
+        pool_y + 2.8,
         f"slot = page × {size} + offset; the pages came from a shuffled "
         "free list, so they are not next to each other",
         ha="center",

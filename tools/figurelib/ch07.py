@@ -5,8 +5,9 @@ in use.
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.patches import Patch
 
-from .common import COLORS, PHASE_COLORS, Step, figure, run_main, timeline
+from .common import COLORS, GREY, PHASE_COLORS, Step, figure, run_main, timeline
 
 
 @figure("ch07", "schedule")
@@ -28,13 +29,29 @@ def schedule() -> plt.Figure:
         fontsize=10,
     )
     colors = [PHASE_COLORS[s.phase] for s in run]
+    xs = [x + 0.5 for x in range(len(run))]
+    used = [s.pages_used for s in run]
+    bottom.bar(xs, used, width=0.7, color=colors)
+    # on top of each bar, what the running requests may still take: admission promised it
     bottom.bar(
-        [x + 0.5 for x in range(len(run))], [s.pages_used for s in run], width=0.7, color=colors
+        xs,
+        [s.pages_reserved for s in run],
+        bottom=used,
+        width=0.7,
+        color="white",
+        edgecolor=GREY,
+        hatch="//",
     )
+    legend = [
+        Patch(color=PHASE_COLORS["prefill"], label="used, after a prefill"),
+        Patch(color=PHASE_COLORS["decode"], label="used, after a decode"),
+        Patch(facecolor="white", edgecolor=GREY, hatch="//", label="reserved: running requests"),
+    ]
+    bottom.legend(handles=legend, loc="upper right", fontsize=9, frameon=False, ncol=3)
     bottom.axhline(num_pages, color=COLORS[3], linestyle="--")
     bottom.text(0.05, num_pages, f"the pool: {num_pages} pages", va="bottom", color=COLORS[3])
     bottom.set_ylim(0, num_pages + 3)
-    bottom.set_ylabel("pages used\nafter the step")
+    bottom.set_ylabel("pages after\nthe step")
     bottom.set_xlabel("step")
     bottom.spines[["top", "right"]].set_visible(False)
     return fig

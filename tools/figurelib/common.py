@@ -125,6 +125,7 @@ class Step:
     waiting: list[int]  # uids still waiting once the step was done
     pages_used: int  # once the step's finished requests gave their pages back
     budget: int  # the prompt tokens a prefill may run (max_extend_tokens)
+    pages_reserved: int  # pages the running requests may still take (DecodeManager's count)
 
 
 def run_main(main: str, steps: list[list[Step]] | None = None) -> dict:
@@ -158,6 +159,7 @@ def run_main(main: str, steps: list[list[Step]] | None = None) -> dict:
                 [r.uid for r in self.waiting],
                 used,
                 self.config.max_extend_tokens,
+                self.decode_manager.reserved_pages(self.page_size),
             )
         )
         return out

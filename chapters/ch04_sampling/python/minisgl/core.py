@@ -82,8 +82,8 @@ class Batch:
 @dataclass
 class Context:
     """What every layer may need for the batch being run, in one place rather than passed down
-    through every forward call. The engine makes one and makes it the global one while it
-    runs a batch (``use_global_ctx``)."""
+    through every forward call. The engine makes one and makes it the global one
+    (``set_global_ctx``)."""
 
     moe_backend: Any = None  # how MoE layers compute their experts; None if dense
     _batch: Batch | None = field(default=None, repr=False)

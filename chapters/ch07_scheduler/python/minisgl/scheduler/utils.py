@@ -49,8 +49,7 @@ def _is_token_id(token: object, vocab_size: int) -> bool:
 @dataclass
 class StepOutput:
     """What one scheduler step did: the batch's phase, its requests and how many tokens each
-    ran, and the requests that finished, each with why (``Req.finish_reason``'s answer, or
-    "grammar" at a constraint's end)."""
+    ran, and the requests that finished, each with why (``Req.finish_reason``'s answer)."""
 
     phase: str
     uids: List[int]

@@ -121,7 +121,8 @@ class Engine:
 
         Afterwards every request's new tokens count as cached (``cached_len = device_len``).
         """
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(batch):  # ours, should there be two
+        # this engine's context is the global one during its forward, whichever was before
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(batch):
             with self.timer.phase("prepare"):
                 self.prepare_batch(batch)
             assert batch.input_ids is not None and batch.positions is not None

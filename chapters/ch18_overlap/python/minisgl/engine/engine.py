@@ -166,7 +166,8 @@ class Engine:
         """
         graph = self.graph_runner.can_run(batch)  # a decode batch small enough: padded
         run = self.graph_runner.pad(batch) if graph else batch
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):  # ours, should there be two
+        # this engine's context is the global one during its forward, whichever was before
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):
             with self.timer.phase("prepare"):
                 self.prepare_batch(run)
             assert run.input_ids is not None and run.positions is not None

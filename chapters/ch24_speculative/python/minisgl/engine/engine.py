@@ -208,7 +208,8 @@ class Engine:
         graph = runner is not None and runner.can_run(batch)
         run = runner.pad(batch) if graph and runner is not None else batch
         rows = sum(r.extend_len for r in batch.reqs) if batch.phase == "verify" else batch.size
-        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):  # ours, should there be two
+        # this engine's context is the global one during its forward, whichever was before
+        with use_global_ctx(self.ctx), self.ctx.forward_batch(run):
             with self.timer.phase("prepare"):
                 self.prepare_batch(run)
             assert run.input_ids is not None and run.positions is not None
