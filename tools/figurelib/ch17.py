@@ -14,10 +14,11 @@ from .common import COLORS, GREY, LIGHT, ROOT, figure, quietly, tiny_model
 
 DECODE_PROFILE = ROOT / "benchmark/results/profile_decode_h200_2026-12-02.json"  # measured
 H200_RESULTS = ROOT / "benchmark/results/h200_2026-12-01.json"  # measured
-# Measured on one H200 on 2026-12-01 and recorded only in chapter 17's text (On an H200, and
-# exercise 1): graphs alone, before the fused rms_norm, ran the workload at 11,292 tokens/s;
-# its --breakdown gave 1,023 decode steps and a decode forward of 8.27 ms; a profile of one
-# decode step at batch 256 counted 1,938 kernels.
+# Measured on H200s on 2026-12-01 and recorded in benchmark/README.md ("H200, 2026-12-01"):
+# graphs alone, before the fused rms_norm, ran the workload at 11,292 tokens/s on another
+# machine than chapter 16's run (so the saving below is good to some 15%); its --breakdown gave
+# 1,023 decode steps and a decode forward of 8.27 ms; a profile of one decode step at batch 256
+# counted 1,938 kernels.
 GRAPHS_ALONE_TOKENS_PER_S = 11292
 DECODE_STEPS = 1023
 GRAPH_FORWARD_MS = 8.27
@@ -191,7 +192,7 @@ def launch_timeline() -> plt.Figure:
     whole.text(
         eager_ms / 2,
         rows["eager: host"] + h / 2,
-        f"{KERNELS_PER_STEP:,} launches, ~{launch_us:.0f} us each: {eager_ms:.1f} ms",
+        f"{KERNELS_PER_STEP:,} launches, ~{launch_us:.0f} us each: ~{eager_ms:.0f} ms",
         ha="center",
         va="center",
         color="white",
@@ -240,7 +241,7 @@ def launch_timeline() -> plt.Figure:
     whole.text(
         (GRAPH_FORWARD_MS + eager_ms) / 2,
         2.1,
-        f"{saved_ms:.0f} ms saved a step",
+        f"~{saved_ms:.0f} ms saved a step (runs on two machines)",
         ha="center",
         va="bottom",
         color=COLORS[3],
@@ -300,7 +301,7 @@ def launch_timeline() -> plt.Figure:
         fontsize=10,
     )
     names = {
-        "norm": "RMSNorm formula",
+        "norm": "RMSNorm formula and weight",
         "rope": "rope",
         "GEMM": "GEMM",
         "other": "residual add, SiLU, ...",
@@ -314,7 +315,7 @@ def launch_timeline() -> plt.Figure:
     zoom.set_xlim(-0.01, eager_end * 1.03)
     zoom.set_title(f"Zoom: a decoder layer's first {n} kernels, to scale", fontsize=11, loc="left")
     zoom.set_xlabel(
-        f"time, ms (a launch ~{launch_us:.1f} us; a kernel on the GPU "
+        f"time, ms (a launch ~{launch_us:.0f} us; a kernel on the GPU "
         f"{mean_us['elementwise/copy']:.1f} us elementwise, "
         f"{mean_us['GEMM']:.1f} us GEMM)"
     )
