@@ -1,5 +1,7 @@
-"""One chapter's tree under several settings, side by side (chapters 21 and 22).
+"""One chapter's tree under several settings, side by side (chapters 18, 21 and 22).
 
+    python benchmark/bench_settings.py --chapter 18 --setting "off:--overlap off" \\
+        --setting "on:--overlap on" -- --shape qwen3-0.6b
     python benchmark/bench_settings.py --chapter 21 --setting "fused:--moe-backend fused" \\
         --setting "sync_free:--moe-backend sync_free" -- --shape qwen3-30b-a3b
     python benchmark/bench_settings.py --chapter 22 --setting "kernels on:" \\

@@ -39,7 +39,7 @@ intervals) and how the rest splits into gaps between kernels: the time the devic
 host.
 
 ``--overlap on|off`` sets the scheduler's ``overlap_scheduling`` (chapter 18); left out, the
-engine's default: on on a GPU, off on a CPU. ``benchmark/bench_overlap.py`` runs this script with
+engine's default: on on a GPU, off on a CPU. ``benchmark/bench_settings.py`` runs this script with
 each setting in turn on one chapter's tree.
 """
 

@@ -13,7 +13,7 @@ from typing import Dict, List, Set
 
 import pytest
 import torch
-from helpers import ROOT, assert_pages_all_back, benchmark_module, greedy, hf_greedy
+from helpers import assert_pages_all_back, greedy, hf_greedy
 
 from minisgl.core import SamplingParams
 from minisgl.llm import LLM
@@ -424,22 +424,3 @@ def test_on_cuda_overlap_with_graphs_gives_the_tokens_of_overlap_off(tiny_models
         outs[overlap] = run(s, prompts, params, eos)
         s.shutdown()
     assert outs[True] == outs[False]
-
-
-@pytest.mark.skipif(
-    not (ROOT / "benchmark" / "bench_overlap.py").exists(),
-    reason="benchmark/ is not part of a chapter's tree",
-)
-def test_bench_overlap_reads_offline_pys_figure_and_tables_the_medians(capsys):
-    """benchmark/bench_overlap.py reads the line offline.py prints for its timed run, and
-    tables each setting's runs with their median and spread and the ratio of the medians."""
-    offline, bench = benchmark_module("offline"), benchmark_module("bench_overlap")
-    offline.report("minisgl", [SamplingParams(max_tokens=1000)] * 3, 0.25)
-    (line,) = capsys.readouterr().out.splitlines()
-    found = bench.RESULT.match(line.strip())
-    assert found and int(found[1].replace(",", "")) / float(found[2]) == 12000
-    runs = {"off": [100.0, 120.0, 90.0], "on": [130.0, 117.0, 150.0]}
-    text = bench.table(18, ["--shape", "tiny"], runs)
-    assert "| off | 100; 120; 90 | 100 | 30.0% |" in text
-    assert "| on | 130; 117; 150 | 130 | 25.4% |" in text
-    assert text.endswith("on / off, medians: 1.300")
