@@ -282,6 +282,46 @@ def test_sampled_generation_is_reproducible(tiny_models):
     assert len({tuple(x) for x in first}) > 1  # three rows, different draws
 
 
+def test_the_mains_rows_draw_what_the_text_quotes(tiny_models):
+    """The main's three requests on the tiny Llama 3: the top-k row alone, second in a batch of
+    two, and second of three (exercise 1: an unseeded row's draws depend on its batch), and the
+    filtered mass at the steps where each sampled row leaves the greedy path."""
+    path = tiny_models["llama3"]
+    model = load_model(path)
+    prompt = encode(path, "Once upon a time")
+    greedy = SamplingParams(max_tokens=12)
+    top_k = SamplingParams(temperature=0.8, top_k=20, max_tokens=12)
+    top_p = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=12)
+
+    def run(params: list[SamplingParams]) -> list[list[int]]:
+        return _generate(model, Sampler(seed=0), [prompt] * len(params), params, 4)
+
+    assert run([top_k]) == [[436, 269, 176, 174]]
+    assert run([greedy, top_k])[1] == [315, 344, 7, 209]
+    path_of_greedy, k_row, p_row = run([greedy, top_k, top_p])
+    assert (k_row, p_row[:2]) == ([315, 413, 34, 420], [315, 239])
+
+    def mass(done: list[int], params: SamplingParams) -> torch.Tensor:
+        """The next token's probabilities after the row's temperature, top-k and top-p."""
+        probs = torch.softmax(sequence_logits(model, prompt + done)[-1] / params.temperature, -1)
+        kept = top_k_top_p_filter(
+            probs[None], torch.tensor([params.top_k]), torch.tensor([params.top_p])
+        )[0]
+        return kept / kept.sum()
+
+    at_4 = mass(path_of_greedy[:3], top_k)  # greedy's 4th token is 413, the row drew 420
+    assert path_of_greedy[3] == 413 and (
+        round(float(at_4[413]), 2),
+        round(float(at_4[420]), 2),
+    ) == (
+        0.33,
+        0.17,
+    )
+    at_2 = mass(path_of_greedy[:1], top_p)  # greedy's 2nd is 413, the row drew 239
+    assert path_of_greedy[1] == 413 and round(float(at_2[413]), 2) == 0.38
+    assert int((at_2 > 0).sum()) == 13
+
+
 def test_the_default_seed_is_the_engine_default_seed():
     """``Sampler()`` draws as ``Sampler(seed=0)``, the seed EngineConfig gives by default."""
     torch.manual_seed(1)
