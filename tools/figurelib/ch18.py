@@ -320,25 +320,13 @@ def overlap_timeline() -> plt.Figure:
     )
     axes[1].set_xlim(-0.2, replays[False].end + 1.3)  # room for the last "pages back"
     axes[1].set_xlabel("time, in assumed units: a launch or a process 1, a forward 2")
-    handles = [
-        Patch(color=COLORS[0], label="launch (schedule, forward queued)"),
-        Patch(color=COLORS[1], label="process (tokens appended, requests finished)"),
-        Patch(color=GREY, label="host waits for the batch"),
-        Patch(color=COLORS[2], label="forward on the device"),
-        Patch(
-            facecolor=COLORS[2],
-            edgecolor=WAITS,
-            linewidth=2.5,
-            label="a forward that runs a request after its EOS",
-        ),
-        Patch(color=LIGHT, label="a request holds a row and pages (| given back)"),
-        Patch(
-            facecolor="white",
-            edgecolor=WAITS,
-            hatch="///",
-            label="finished, release deferred while a batch is in flight",
-        ),
-    ]
+    after_eos = Patch(
+        facecolor=COLORS[2],
+        edgecolor=WAITS,
+        linewidth=2.5,
+        label="a forward that runs a request after its EOS",
+    )
+    handles = _legend("forward on the device", after_eos)
     fig.legend(handles=handles, loc="outside lower center", ncols=4, fontsize=9, frameon=False)
     return fig
 
@@ -390,11 +378,20 @@ def chunked_prefill() -> plt.Figure:
     )
     axes[1].set_xlim(-0.2, replays[False].end + 1.3)
     axes[1].set_xlabel("time, in assumed units: a launch or a process 1, a forward 2")
-    handles = [
+    handles = _legend("forward on the device: its requests and their tokens")
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=9, frameon=False)
+    return fig
+
+
+def _legend(forward: str, *extra: Patch) -> list[Patch]:
+    """The timelines' legend: host phases, the device's forward (labelled ``forward``), then
+    ``extra`` entries, then the rows and pages a request holds."""
+    return [
         Patch(color=COLORS[0], label="launch (schedule, forward queued)"),
         Patch(color=COLORS[1], label="process (tokens appended, requests finished)"),
         Patch(color=GREY, label="host waits for the batch"),
-        Patch(color=COLORS[2], label="forward on the device: its requests and their tokens"),
+        Patch(color=COLORS[2], label=forward),
+        *extra,
         Patch(color=LIGHT, label="a request holds a row and pages (| given back)"),
         Patch(
             facecolor="white",
@@ -403,5 +400,3 @@ def chunked_prefill() -> plt.Figure:
             label="finished, release deferred while a batch is in flight",
         ),
     ]
-    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=9, frameon=False)
-    return fig

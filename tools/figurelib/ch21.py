@@ -493,33 +493,14 @@ def tile_plan() -> plt.Figure:
         for s in range(block_m):
             slot = tile * block_m + s
             value = plan["sorted_ids"][slot]
-            if not used:
-                box(ax, x + s * slot_w, top, slot_w, 0.8, LIGHT, "·", fontsize=10, color="#999999")
-            elif value == pairs:
-                box(
-                    ax,
-                    x + s * slot_w,
-                    top,
-                    slot_w,
-                    0.8,
-                    GREY,
-                    f"{value}",
-                    fontsize=10,
-                    color="white",
-                )
+            if not used:  # a slot past the expert's padded run
+                fill, text, style = LIGHT, "·", {"color": "#999999"}
+            elif value == pairs:  # padding: the placeholder id
+                fill, text, style = GREY, f"{value}", {"color": "white"}
             else:
-                box(
-                    ax,
-                    x + s * slot_w,
-                    top,
-                    slot_w,
-                    0.8,
-                    EXPERT_COLORS[expert],
-                    f"{value}",
-                    fontsize=10,
-                    color="white",
-                    fontweight="bold",
-                )
+                fill, text = EXPERT_COLORS[expert], f"{value}"
+                style = {"color": "white", "fontweight": "bold"}
+            box(ax, x + s * slot_w, top, slot_w, 0.8, fill, text, fontsize=10, **style)
             ax.text(
                 x + s * slot_w + slot_w / 2,
                 top + 0.95,
