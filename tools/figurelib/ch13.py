@@ -132,7 +132,7 @@ def disconnect_figure() -> plt.Figure:
         else:
             arrow(ax, (a, y), (b, y), color=color)
             left = min(a, b) if abs(b - a) > 4.5 else min(a, b) - 0.1
-            ax.text(left + 0.1, y - 0.12, what, va="bottom", fontsize=7.5, color="#222222")
+            ax.text(left + 0.1, y - 0.12, what, va="bottom", fontsize=8, color="#222222")
         if pool:
             ax.text(16.0, y, pool, ha="center", va="center", fontsize=8, color="#222222")
     return fig

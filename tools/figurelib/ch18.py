@@ -345,7 +345,7 @@ def chunked_prefill() -> plt.Figure:
         ]
         replays[overlap] = replay(run, (), 1.0, 2.0)
     uids = sorted(replays[False].held)
-    fig, axes = plt.subplots(2, 1, figsize=(18, 8.4), layout="constrained", sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(17.2, 8.4), layout="constrained", sharex=True)
     fig.suptitle(
         "Chunked prefill under the lag: each chunk is launched before the one before it is "
         "processed"

@@ -201,12 +201,12 @@ def constrained_step() -> plt.Figure:
         else:
             label = LABELS[what].format(n=n)
             fill = HOST_COLORS.get(what, COLORS[0] if what != "process" else COLORS[2])
-        box(ax, x0 + i, 0.8, 1, 1.1, fill, label, fontsize=7.5, color="black")
+        box(ax, x0 + i, 0.8, 1, 1.1, fill, label, fontsize=8.8, color="black")
     for k, (i, n) in enumerate(steps):  # a step's events begin where its marker was
         left = x0 + i - k
         right = x0 + (steps[k + 1][0] - k - 1 if k + 1 < len(steps) else len(events))
         ax.plot([left + 0.05, right - 0.05], [0.62, 0.62], color="#444444", linewidth=1)
-        ax.text((left + right) / 2, 0.5, f"Scheduler.step {n}", ha="center", fontsize=8.5)
+        ax.text((left + right) / 2, 0.5, f"Scheduler.step {n}", ha="center", fontsize=9)
     queued = {n: x0 + i for i, (what, n) in enumerate(events) if what == "queue forward"}
     sampled = {n: x0 + i for i, (what, n) in enumerate(events) if what == "queue sampling"}
     for n, start in queued.items():
@@ -221,7 +221,7 @@ def constrained_step() -> plt.Figure:
             0.9,
             COLORS[0],
             f"forward {n}",
-            fontsize=8,
+            fontsize=9,
             color="white",
         )
         box(
@@ -232,7 +232,7 @@ def constrained_step() -> plt.Figure:
             0.9,
             COLORS[3],
             f"mask +\nsample {n}",
-            fontsize=7,
+            fontsize=8.8,
             color="white",
         )
     ax.text(
@@ -243,7 +243,7 @@ def constrained_step() -> plt.Figure:
         "device runs the forward; the sampling of k+1 is queued after the mask, and only then "
         "does the host process k. On the first step batch 1 is in flight before batch 2 is "
         "launched, so batch 2's mask waits for batch 1's tokens.",
-        fontsize=8.5,
+        fontsize=9,
         wrap=True,
         va="top",
     )

@@ -119,6 +119,10 @@ def test_a_file_added_in_a_commit_is_new_in_that_chapter(book, tmp_path):
     steps_yaml = (book / "steps.yaml").read_text(encoding="utf-8")
     assert "- toy/shout.py\n    - toy/wave.py\n" in steps_yaml
     assert "├── wave.py  ← new in this chapter" in steps(book, "tree", "2").stdout
+    unnamed = steps(book, "check", "--static")  # the chapter's text must say what it adds
+    assert unnamed.returncode == 1 and "adds toy/wave.py but its text never names" in unnamed.stdout
+    text = book / "chapters/ch02_shout/README.md"
+    text.write_text(text.read_text(encoding="utf-8") + "\n`toy/wave.py` waves.\n", "utf-8")
     assert steps(book, "check", "--static").returncode == 0
 
 
