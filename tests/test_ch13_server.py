@@ -767,7 +767,7 @@ def test_sigterm_under_load_finishes_the_replies_under_way_then_exits_0(server):
                 prompt=f"Hello {i}",
                 stream=True,
                 stream_options={"include_usage": True},
-                **_greedy(60),
+                **_greedy(400),  # long enough to be under way when the signal lands
             )
             text, reason, usage, _ = _stream_text(_noting_the_first(out, started[i]))
             streams.append((reason, usage.completion_tokens))
@@ -781,7 +781,7 @@ def test_sigterm_under_load_finishes_the_replies_under_way_then_exits_0(server):
         drain_end = time.monotonic() + DRAIN
         for t in threads:
             t.join(timeout=drain_end - time.monotonic())
-        assert streams == [("length", 60)] * 6  # every reply under way ran to its end
+        assert streams == [("length", 400)] * 6  # every reply under way ran to its end
         # it did not wait out the drain: it exits before its end (a TimeoutExpired otherwise)
         assert srv.proc.wait(timeout=max(0.0, drain_end - time.monotonic() - 1.0)) == 0
         log = srv.log.read_text()
