@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from functools import cache
+from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
@@ -291,14 +292,12 @@ def overlap_timeline() -> plt.Figure:
     main, runs = record_main()
     eos = main["eos"]
     replays = {overlap: replay(runs["eos", overlap], eos, 1.0, 2.0) for overlap in (False, True)}
-    uids = sorted(replays[False].held)
-    fig, axes = plt.subplots(2, 1, figsize=(13, 8.4), layout="constrained", sharex=True)
-    fig.suptitle(
+    fig, axes = _without_and_with(
+        replays,
+        13,
         "The ch18 main without and with overlap: batch k+1 is launched before batch "
-        "k's tokens are processed"
+        "k's tokens are processed",
     )
-    for ax, overlap in zip(axes, (False, True)):
-        draw_run(ax, replays[overlap], overlap, uids)
     r = replays[True]
     ((k, uid),) = r.lagged  # the main's one lagged request
     assert uid in r.waits, "the lagged request's release was not deferred"
@@ -344,14 +343,12 @@ def chunked_prefill() -> plt.Figure:
             for e in runs["chunked", overlap]
         ]
         replays[overlap] = replay(run, (), 1.0, 2.0)
-    uids = sorted(replays[False].held)
-    fig, axes = plt.subplots(2, 1, figsize=(17.2, 8.4), layout="constrained", sharex=True)
-    fig.suptitle(
+    fig, axes = _without_and_with(
+        replays,
+        17.2,
         "Chunked prefill under the lag: each chunk is launched before the one before it is "
-        "processed"
+        "processed",
     )
-    for ax, overlap in zip(axes, (False, True)):
-        draw_run(ax, replays[overlap], overlap, uids)
     r = replays[True]
     chunks = [(k, label) for _, _, k, label in r.device if label.startswith("prefill [1]")]
     (first_decode,) = [
@@ -400,3 +397,13 @@ def _legend(forward: str, *extra: Patch) -> list[Patch]:
             label="finished, release deferred while a batch is in flight",
         ),
     ]
+
+
+def _without_and_with(replays: dict, width: float, title: str) -> tuple[plt.Figure, Any]:
+    """Two panels, the run without overlap above the run with it, on one time axis."""
+    uids = sorted(replays[False].held)
+    fig, axes = plt.subplots(2, 1, figsize=(width, 8.4), layout="constrained", sharex=True)
+    fig.suptitle(title)
+    for ax, overlap in zip(axes, (False, True)):
+        draw_run(ax, replays[overlap], overlap, uids)
+    return fig, axes
