@@ -121,18 +121,20 @@ def _read(path: Path) -> str:
 
 
 def text_problems(book: Book, chapter: Chapter) -> list[Problem]:
-    """Every directive of the chapter's text that does not resolve."""
+    """Every directive of the chapter's text that does not resolve, and every file it adds or
+    changes that the text never names."""
     text_path = book.root / chapter.folder / TEXT
     shown = f"{chapter.folder}/{TEXT}"
     if not text_path.is_file():
         return [Problem(shown, "the chapter has no text")]
+    text = _read(text_path)
     problems = []
-    for line, kind, argument in directives(_read(text_path)):
+    for line, kind, argument in directives(text):
         try:
             expand(book, chapter, kind, argument)
         except (BookError, SyntaxError) as e:
             problems.append(Problem(f"{shown}:{line}", str(e)))
-    return problems + unnamed_files(chapter, _read(text_path))
+    return problems + unnamed_files(chapter, text)
 
 
 def unnamed_files(chapter: Chapter, text: str) -> list[Problem]:
