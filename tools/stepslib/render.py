@@ -11,7 +11,11 @@ A directive is a line of its own in `chapters/<id>_<slug>/README.md`:
     @[prints]                                       what the main prints (main.out)
 
 `::` may stand for ` · `. Paths under the package's top folder (`minisgl/...`) are package
-files; other paths are files of the tree (`examples/...`, `tests/...`).
+files; other paths are files of the tree (`examples/...`, `tests/...`). A file that no chapter's
+tree holds (`benchmark/offline.py`, a file under `tools/`) is the repository's own, in the one
+version the repository has: a chapter may show it with `@[code](benchmark/offline.py · f)`, and
+the listing stays what the script runs. The package's files and the chapters' folders are never
+read that way: their versions belong to the trees.
 
 A text shows its chapter's figures (`chapters/<id>_<slug>/figures/`, drawn by
 `tools/figures.py`) with ordinary links, `![...](figures/NAME.svg)`; `render` copies the folder
@@ -80,7 +84,21 @@ def _source(book: Book, chapter: Chapter, path: str) -> Path:
     for candidate in (f"{book.package_root}/{path}", path):
         if candidate in tree:
             return tree[candidate]
+    own = _repository_file(book, path)
+    if own is not None:
+        return own
     raise BookError(f"{path} is not in the tree at {chapter.id}")
+
+
+def _repository_file(book: Book, path: str) -> Path | None:
+    """The repository's file at `path` when no chapter's tree holds it (a benchmark script, a
+    tool), else None: a tree's file shown from a later tree would show code the chapter lacks."""
+    if path.startswith((f"{book.package_root}/", "chapters/")) or ".." in path.split("/"):
+        return None
+    if path in tree_at(book, book.chapters[-1]):  # the last tree holds every tree's files
+        return None
+    target = book.root / path
+    return target if target.is_file() else None
 
 
 def find_symbol(text: str, symbol: str, path: str) -> str:

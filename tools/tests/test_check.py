@@ -8,6 +8,8 @@ import xml.etree.ElementTree as ET
 import yaml
 from bookmaker import STEPS, steps, write_files
 from stepslib import installed
+from stepslib.book import load_book
+from stepslib.render import render_chapter
 
 
 def _set(book, chapter_id, **fields):
@@ -144,6 +146,42 @@ def test_an_unresolved_text_reference_fails(book):
     assert "chapters/ch01_greet/README.md:3: toy/greet.py has no nothing" in done.stdout
     assert "chapters/ch01_greet/README.md:5: toy/shout.py is not in the tree at ch01" in done.stdout
     assert "README.md:7: unknown directive @[bogus]" in done.stdout
+
+
+def test_code_shows_a_repository_file_that_no_tree_holds(book):
+    """A benchmark script is the repository's own: @[code] takes it as it is, by symbol, and
+    the rendered text is its source; a tree's file stays bound to its chapter."""
+    timed = "async def timed(n: int) -> float:\n    return n * 0.5\n"
+    write_files(
+        book,
+        {
+            "benchmark/bench.py": f"import time\n\n\n{timed}\n\nSIZES = (1, 2)\n",
+            "chapters/ch01_greet/README.md": "# Greet\n\ntoy/__init__.py, toy/greet.py.\n\n"
+            "@[code](benchmark/bench.py · timed)\n\n@[code](benchmark/bench.py · SIZES)\n",
+        },
+    )
+    done = steps(book, "check", "1", "--static")
+    assert done.returncode == 0, done.stdout
+    page = render_chapter(load_book(book), load_book(book).chapter(1))
+    assert f"**`benchmark/bench.py · timed`**\n\n```python\n{timed}```" in page
+    assert "```python\nSIZES = (1, 2)\n```" in page
+
+    write_files(
+        book,
+        {
+            "chapters/ch01_greet/README.md": "# Greet\n\n@[code](benchmark/bench.py · slow)\n\n"
+            "@[code](benchmark/none.py · f)\n\n@[code](examples/ch03_count.py)\n\n"
+            "@[code](chapters/ch01_greet/python/toy/greet.py)\n"
+        },
+    )
+    done = steps(book, "check", "1", "--static")
+    assert done.returncode == 1
+    out = done.stdout
+    assert "README.md:3: benchmark/bench.py has no slow" in out
+    assert "README.md:5: benchmark/none.py is not in the tree at ch01" in out
+    assert "README.md:7: examples/ch03_count.py is not in the tree at ch01" in out  # ch03's main
+    # a stored version is shown through the tree that holds it, never by its own path
+    assert "README.md:9: chapters/ch01_greet/python/toy/greet.py is not in the tree" in out
 
 
 def test_static_runs_nothing(book):
