@@ -11,7 +11,7 @@ from .common import COLORS, GREY, ROOT, arrow, diagram, figure
 MOE_RESULTS = ROOT / "benchmark/results/moe_h200_2026-12-01.json"  # measured, not computed here
 
 
-@figure("ch21", "moe_layer_time")
+@figure("ch21", "moe_layer_time", recorded=True)
 def moe_layer_time() -> plt.Figure:
     """bench_moe.py's H200 run: the whole MoE layer's time per token count for chapter 20's
     backend, the tuned baseline, chapter 21's and the roofline; and each over the roofline."""

@@ -15,7 +15,7 @@ H200_CHAPTERS = ROOT / "benchmark/results/h200_chapters_2026-12-02.json"  # meas
 FUSED_PROFILE = ROOT / "benchmark/results/profile_decode_fused_h200_2026-12-03.json"
 
 
-@figure("ch22", "decode_step_kernels")
+@figure("ch22", "decode_step_kernels", recorded=True)
 def decode_step_kernels() -> plt.Figure:
     """profile_decode.py's H200 runs before and after chapter 22's kernels: one decode step's
     kernels grouped by kind, their time (with the share of the step's kernel time), their number."""
@@ -83,7 +83,7 @@ def _kind_row(run: dict, kind: str) -> dict:
 LABELS = {"ch18-21: overlap on, ch22's kernels off": "ch22's code, overlap on, its kernels off"}
 
 
-@figure("ch22", "throughput_by_chapter")
+@figure("ch22", "throughput_by_chapter", recorded=True)
 def throughput_by_chapter_to_22() -> plt.Figure:
     """Chapter 15's figure carried on to chapter 22: output tokens/s on nano-vllm's workload on
     an H200, chapter by chapter (chapter 15's record for chapters 15-17, this chapter's call for

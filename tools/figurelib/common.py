@@ -57,16 +57,31 @@ COLORS = [
 GREY, LIGHT = "#B0B0B0", "#EEEEEE"
 
 FIGURES: dict[str, list[tuple[str, Callable[[], plt.Figure]]]] = {}
+# (chapter, name) of the figures drawn from benchmark/results only, with no minisgl: a record can
+# change without any chapter's code changing, so tools/tests/test_figures.py redraws these and
+# compares them with the files
+RECORDED: set[tuple[str, str]] = set()
 
 
-def figure(chapter: str, name: str):
-    """Register a function that returns a matplotlib figure as ``chapter``'s ``name``.svg."""
+def figure(chapter: str, name: str, *, recorded: bool = False):
+    """Register a function that returns a matplotlib figure as ``chapter``'s ``name``.svg;
+    ``recorded``: it reads recorded results only (see ``RECORDED``)."""
 
     def register(draw: Callable[[], plt.Figure]) -> Callable[[], plt.Figure]:
         FIGURES.setdefault(chapter, []).append((name, draw))
+        if recorded:
+            RECORDED.add((chapter, name))
         return draw
 
     return register
+
+
+def svg_bytes(fig: plt.Figure) -> bytes:
+    """The figure as the SVG file figures.py writes: no date, so the same drawing gives the
+    same bytes."""
+    out = io.BytesIO()
+    fig.savefig(out, format="svg", metadata={"Date": None})
+    return out.getvalue()
 
 
 def quietly(fn: Callable, *args, **kwargs):
@@ -219,7 +234,7 @@ def draw_in_tree(chapter: str, tree: Path, png: Path | None) -> list[Path]:
         fig = quietly(draw)
         out = folder / "figures" / f"{name}.svg"
         out.parent.mkdir(exist_ok=True)
-        fig.savefig(out, format="svg", metadata={"Date": None})
+        out.write_bytes(svg_bytes(fig))
         if png is not None:
             png.mkdir(parents=True, exist_ok=True)
             fig.savefig(png / f"{chapter}_{name}.png", dpi=80)
