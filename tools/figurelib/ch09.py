@@ -25,7 +25,7 @@ def chunked_runs() -> dict[int, list[tuple[float, float, float]]]:
     return runs
 
 
-@figure("ch09", "budget")
+@figure("ch09", "budget", recorded=True)
 def budget() -> plt.Figure:
     """Median and range of the runs for each budget: the longest step and the longest wait of a
     running request for its next token, and the whole run."""

@@ -70,7 +70,7 @@ def workload_floor() -> plt.Figure:
 H200_RESULTS = ROOT / "benchmark/results/h200_2026-12-01.json"  # measured, not computed here
 
 
-@figure("ch15", "throughput_by_chapter")
+@figure("ch15", "throughput_by_chapter", recorded=True)
 def throughput_by_chapter() -> plt.Figure:
     """The H200 runs recorded in benchmark/results: output tokens/s of each chapter's engine and
     of transformers on nano-vllm's workload, under the bandwidth floor of ch15's main."""
