@@ -1,4 +1,4 @@
-"""One chapter's tree under several settings, side by side (chapters 18, 21 and 22).
+"""One chapter's tree under several settings, side by side (chapters 18, 19, 21 and 22).
 
     python benchmark/bench_settings.py --chapter 18 --setting "off:--overlap off" \\
         --setting "on:--overlap on" -- --shape qwen3-0.6b
