@@ -6,6 +6,7 @@ forwards each saves, and the pages of refused drafts given back."""
 
 import shutil
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List
 
@@ -91,24 +92,70 @@ def noisy_copy(path: str, directory: str, scale: float, seed: int = 1) -> str:
     return directory
 
 
-def run_engine(path: str, **spec: object) -> tuple:
-    """The outputs, and the target's decode steps and request-steps, with drafts or without
-    (a step in which no request drafts is a plain decode step)."""
+def expected_tokens(a: float, k: int) -> float:
+    """Tokens a step keeps when each draft is kept with probability a, independently, once
+    every draft before it was: 1 + a + ... + a^k."""
+    return sum(a**i for i in range(k + 1))
+
+
+@dataclass
+class EngineRun:
+    """One engine run: its tokens, and the target's forwards by kind. ``drafted`` holds, for
+    every request-step (verify or decode), the drafts the request proposed, and ``runs`` the
+    tokens it kept then (the main runs on a CPU, where no verify graph pads the drafts)."""
+
+    llm: LLM
+    tokens: List[List[int]]
+    decode_forwards: int = 0  # plain decode steps: the scheduler's, or the speculator's
+    verify_forwards: int = 0
+    drafted: List[int] = field(default_factory=list)
+    runs: List[int] = field(default_factory=list)
+
+    @property
+    def forwards(self) -> int:
+        return self.decode_forwards + self.verify_forwards
+
+    @property
+    def reached(self) -> int:
+        """The drafts the target compared: those kept, and the first refused of each run."""
+        return sum(min(run, n) for run, n in zip(self.runs, self.drafted))
+
+    def formula(self, a: float) -> float:
+        """(1 - a^(k+1)) / (1 - a) a request-step, with each step's own k, averaged."""
+        return sum(expected_tokens(a, n) for n in self.drafted) / len(self.drafted)
+
+
+def run_engine(path: str, **spec: object) -> EngineRun:
+    """The outputs, and the target's decode and verify forwards and request-steps, with drafts
+    or without (a step in which no request drafts is a plain decode step)."""
     llm = LLM(path, device="cpu", page_size=4, num_pages=64, **spec)
-    engine, decodes = llm.scheduler.engine, []
+    engine, speculator = llm.scheduler.engine, llm.scheduler.speculator
+    run = EngineRun(llm, [])
     forward_batch = engine.forward_batch
 
     def counted(batch, *args):  # a decode step: the scheduler's own, or the speculator's
         if batch.phase == "decode":
-            decodes.append(batch.size)
+            run.decode_forwards += 1
+            run.drafted += [0] * batch.size
+            run.runs += [1] * batch.size
         return forward_batch(batch, *args)
 
     engine.forward_batch = counted
+    if speculator is not None:
+        decode = speculator.decode
+
+        def verifying(batch, constrained, mask):  # a verify step, unless no request drafted
+            runs, ran = decode(batch, constrained, mask)
+            if any(n > 1 for n in ran):
+                run.verify_forwards += 1
+                run.drafted += [n - 1 for n in ran]
+                run.runs += [len(r) for r in runs]
+            return runs, ran
+
+        speculator.decode = verifying
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=24))
-    tokens = [out["token_ids"] for out in outs]
-    speculator = llm.scheduler.speculator
-    verified = (speculator.stats.forwards, speculator.stats.steps) if speculator else (0, 0)
-    return llm, tokens, len(decodes) + verified[0], sum(decodes) + verified[1]
+    run.tokens = [out["token_ids"] for out in outs]
+    return run
 
 
 def show_engine(models: Dict[str, str]) -> None:
@@ -116,33 +163,39 @@ def show_engine(models: Dict[str, str]) -> None:
     less and less (noisy copies of it, then a model of unrelated weights); the target as its
     own draft; all of them drafting at every step (the rule off), then the noisier copy under
     the rule's defaults. The tokens are the same every time; the target's forwards are not."""
-    _, base, steps, _ = run_engine(models["target"])
+    base = run_engine(models["target"])
     print(
-        f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {steps} decode forwards without drafts"
+        f"\ntiny llama3, 3 prompts, greedy, 24 tokens each: {base.forwards} decode forwards"
+        " without drafts"
     )
     runs = [("n-gram", {"speculative": "ngram"})] + [
         (f"draft {name}", {"speculative": "draft", "draft_model": models[name]})
         for name in ("target", "noise 0.1", "noise 0.3", "qwen3")
     ]
     for label, spec in runs:
-        llm, tokens, forwards, request_steps = run_engine(
-            models["target"], speculative_k=4, speculative_min_tokens=0.0, **spec
-        )
-        stats = llm.scheduler.speculator.stats
+        run = run_engine(models["target"], speculative_k=4, speculative_min_tokens=0.0, **spec)
+        stats, steps = run.llm.scheduler.speculator.stats, len(run.drafted)
+        a = stats.accepted / run.reached if run.reached else 0.0
         print(
-            f"  {label:>15}, k=4: same tokens {tokens == base}, {forwards:>2} forwards,"
+            f"  {label:>15}, k=4: same tokens {run.tokens == base.tokens}, {run.forwards:>2}"
+            f" forwards ({run.verify_forwards} verify + {run.decode_forwards} decode),"
             f" kept {stats.accepted:>2} of {stats.proposed:>3} drafts ({stats.acceptance:4.0%}),"
-            f" {(stats.accepted + request_steps) / request_steps:.2f} tokens a step"
+            f" {(stats.accepted + steps) / steps:.2f} tokens a step"
         )
-    print(f"  first prompt's tokens: {base[0]}")
+        print(
+            f"  {'':>15}       {steps} request-steps, {sum(n > 0 for n in run.drafted)} with"
+            f" drafts; drafts reached {run.reached}, a = {a:.2f}; the formula at a with each"
+            f" step's k: {run.formula(a):.2f} tokens a step"
+        )
+    print(f"  first prompt's tokens: {base.tokens[0]}")
     noisy = {"speculative": "draft", "draft_model": models["noise 0.3"]}
-    llm, tokens, forwards, _ = run_engine(models["target"], speculative_k=4, **noisy)
-    stats = llm.scheduler.speculator.stats
+    run = run_engine(models["target"], speculative_k=4, **noisy)
+    llm, stats = run.llm, run.llm.scheduler.speculator.stats
     print(
         f"  draft noise 0.3 under the rule (a request pauses below"
         f" {llm.scheduler.config.speculative_min_tokens} tokens a step): same tokens"
-        f" {tokens == base}, {forwards} forwards, {stats.forwards} of them verifying"
-        f" {stats.proposed} drafts"
+        f" {run.tokens == base.tokens}, {run.forwards} forwards, {stats.forwards} of them"
+        f" verifying {stats.proposed} drafts"
     )
 
 

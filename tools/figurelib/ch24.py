@@ -4,13 +4,14 @@ noisy copies of it as draft models (k = 2, 4, 8), beside the formula for indepen
 
 from __future__ import annotations
 
+import datetime
 import tempfile
 from dataclasses import dataclass
 from typing import List
 
 import matplotlib.pyplot as plt
 
-from .common import COLORS, figure, quietly, tiny_model
+from .common import COLORS, ROOT, figure, quietly, tiny_model
 
 LABEL_GREY = "#666666"  # darker than GREY: the labels sit on the points' colours
 
@@ -20,6 +21,8 @@ NOISE = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0)  # 0: the target is its
 # full acceptance every step keeps k + 1 and max_tokens never shortens the last one's drafts
 MAX_TOKENS = 46
 LABELLED = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)  # the noise scales named in the figure
+# the figure's points, written each time it is drawn, for the text to quote from
+POINTS = ROOT / "benchmark/results/speculative_acceptance_cpu.txt"
 
 
 @dataclass
@@ -29,6 +32,10 @@ class Point:
     kept_fraction: float  # drafts kept over drafts proposed: the main's percentage
     per_draft: float  # drafts kept over drafts the target reached (all before them kept)
     tokens_per_step: float
+    accepted: int
+    proposed: int
+    reached: int
+    steps: int  # request-steps of the verify forwards
 
 
 def expected_tokens(a: float, k: int) -> float:
@@ -70,8 +77,41 @@ def measure(target: str, draft: str, k: int, noise: float, base: List[List[int]]
     outs = llm.generate(m.PROMPTS, SamplingParams(max_tokens=MAX_TOKENS))
     if [out["token_ids"] for out in outs] != base:
         raise AssertionError(f"noise {noise}, k={k}: greedy tokens differ from no drafts")
-    stats = speculator.stats
-    return Point(noise, k, stats.acceptance, stats.accepted / reached, stats.tokens_per_step)
+    s = speculator.stats
+    return Point(
+        noise,
+        k,
+        s.acceptance,
+        s.accepted / reached,
+        s.tokens_per_step,
+        s.accepted,
+        s.proposed,
+        reached,
+        s.steps,
+    )
+
+
+def write_points(points: List[Point]) -> None:
+    """The points as a table, dated, with what the formula gives at each one's a and k."""
+    import torch
+
+    lines = [
+        f"# tools/figurelib/ch24.py (python tools/figures.py ch24) on chapter 24's tree, drawn"
+        f" {datetime.date.today().isoformat()}, torch {torch.__version__}, on a CPU",
+        f"# tiny Llama 3, 3 prompts (the main's), greedy, {MAX_TOKENS} tokens each; drafts from"
+        " noisy_copy(target, noise); rule off (speculative_min_tokens=0)",
+        "# kept = drafts kept / proposed; a = kept / reached; tokens = (kept + steps) / steps;"
+        " formula = (1 - a^(k+1)) / (1 - a)",
+        "noise  k  kept proposed reached steps  kept%      a  tokens  formula  tokens/formula",
+    ]
+    for p in points:
+        formula = expected_tokens(p.per_draft, p.k)
+        lines.append(
+            f"{p.noise:5g} {p.k:2d} {p.accepted:5d} {p.proposed:8d} {p.reached:7d} {p.steps:5d}"
+            f" {p.kept_fraction:6.1%} {p.per_draft:6.3f} {p.tokens_per_step:7.2f}"
+            f" {formula:8.2f} {p.tokens_per_step / formula - 1:+15.1%}"
+        )
+    POINTS.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 def sweep() -> List[Point]:
@@ -98,6 +138,7 @@ def acceptance() -> plt.Figure:
     prints), and against the chance that a draft the target reaches is kept (the formula's a),
     where the formula's curves and the bound k + 1 are drawn."""
     points = sweep()
+    write_points(points)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5.4), layout="constrained", sharey=True)
     fig.suptitle(
         f"Tokens per target forward, tiny Llama 3 with noisy copies of itself as "
