@@ -29,8 +29,12 @@ N = 24  # new tokens a row: enough steps for several runs, accepted and refused
 
 
 def _llm(path: Any, page_size: int = 4, **options: Any) -> Any:
+    """With drafts, the rule is off unless a test sets it: the tests of exactness need verify
+    steps, which the rule's bar would often turn into decode steps on a tiny model."""
     from minisgl.llm import LLM
 
+    if options.get("speculative"):
+        options.setdefault("speculative_min_tokens", 0.0)
     return LLM(str(path), device="cpu", page_size=page_size, num_pages=256, **options)
 
 
@@ -392,8 +396,11 @@ def test_a_seeded_request_keeps_its_run_in_any_batch_and_row():
 
 
 def _scheduler(path: Any, page_size: int = 3, **options: Any) -> Any:
+    """As ``_llm``: with drafts, the rule is off unless a test sets it."""
     from minisgl.scheduler import Scheduler, SchedulerConfig
 
+    if options.get("speculative"):
+        options.setdefault("speculative_min_tokens", 0.0)
     return Scheduler(
         SchedulerConfig(str(path), device="cpu", page_size=page_size, num_pages=128, **options)
     )
@@ -891,6 +898,46 @@ def test_a_request_whose_drafts_do_not_pay_pauses_then_tries_again():
     assert req not in rule.records
 
 
+def test_a_batch_verifies_only_when_its_requests_are_expected_to_pay_for_the_step():
+    from minisgl.core import Req, SamplingParams
+    from minisgl.speculative import DraftRule
+
+    rule = DraftRule(max_batch=None, min_tokens=2.0, warmup=1)
+    reqs = [Req(i, [1, 2, 3], SamplingParams(max_tokens=100)) for i in range(6)]
+    a = reqs[0]
+    assert rule.batch_pays(reqs[:2], [True, True])  # unmeasured: the benefit of the doubt
+    assert not rule.batch_pays(reqs[:2], [True, False])  # (2 + 1) / 2 < 2
+    assert not rule.batch_pays(reqs[:1], [False])  # nothing to verify
+    rule.record(a, 4, 5)
+    assert rule.batch_pays(reqs[:4], [True, False, False, False])  # (5 + 3) / 4 = 2
+    assert not rule.batch_pays(reqs[:5], [True, False, False, False, False])  # 8 / 5 < 2
+    free = DraftRule(max_batch=None, min_tokens=0.0)
+    assert free.batch_pays(reqs, [True] + [False] * 5)  # no bar: any draft verifies
+
+
+def test_one_request_with_drafts_in_a_batch_of_four_does_not_make_it_verify(tiny_models):
+    """Drafts for one request of four: a verify step would cost all four for one request's
+    gain, so under the bar of 2 tokens the batch decodes; with no bar it verifies. Greedy's
+    tokens either way."""
+    path = tiny_models["llama3"]
+    want = _tokens(_llm(path))
+    forwards = {}
+    for bar in (2.0, 0.0):
+        llm = _llm(path, speculative="ngram", speculative_k=4, speculative_min_tokens=bar)
+        speculator = llm.scheduler.speculator
+        propose = speculator.drafter.propose
+
+        def first_only(reqs: Any, ks: Any, propose: Any = propose) -> List[List[int]]:
+            drafts = propose(reqs, ks)
+            return [d if i == 0 else [] for i, d in enumerate(drafts)] if len(reqs) > 1 else drafts
+
+        speculator.drafter.propose = first_only  # type: ignore
+        assert _tokens(llm) == want
+        forwards[bar] = speculator.stats.forwards
+        assert_pages_all_back(llm.scheduler)
+    assert forwards[0.0] > forwards[2.0]
+
+
 def test_a_step_with_no_drafts_runs_as_a_decode_step(tiny_models):
     """When no request has a draft, the step is an ordinary decode step: no verify forward,
     greedy's tokens, every page back."""
@@ -910,13 +957,13 @@ def test_a_step_with_no_drafts_runs_as_a_decode_step(tiny_models):
 def test_requests_whose_drafts_do_not_pay_stop_drafting(tiny_models):
     """A bar no verify step can clear (k + 1 tokens, every draft right, at every step):
     requests pause after their first measured steps, so far fewer verify forwards run; the
-    tokens stay greedy's."""
+    tokens stay greedy's. One request at a time, so that the batch's bar is the request's."""
     path = tiny_models["llama3"]
-    want = _tokens(_llm(path))
+    want = [_tokens(_llm(path), prompts=[p]) for p in PROMPTS]
     free = _llm(path, speculative="ngram", speculative_k=4)
-    assert _tokens(free) == want
+    assert [_tokens(free, prompts=[p]) for p in PROMPTS] == want
     strict = _llm(path, speculative="ngram", speculative_k=4, speculative_min_tokens=5.0)
-    assert _tokens(strict) == want
+    assert [_tokens(strict, prompts=[p]) for p in PROMPTS] == want
     assert 0 < strict.scheduler.speculator.stats.forwards < free.scheduler.speculator.stats.forwards
     assert_pages_all_back(strict.scheduler)
 

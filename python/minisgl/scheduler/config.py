@@ -20,9 +20,10 @@ class SchedulerConfig(EngineConfig):
     speculative_k: int = 4
     draft_model: str | None = None  # a smaller model with the target's tokenizer
     # where drafts do not pay, a decode step runs without them: a batch of more requests than
-    # speculative_max_batch (None: no limit), and a request whose verify steps lately gave it
-    # fewer than speculative_min_tokens tokens a step (0: never) drafts nothing for a while
-    speculative_max_batch: int | None = 32
+    # speculative_max_batch (None: no limit), a batch whose requests are expected to get fewer
+    # than speculative_min_tokens tokens a step on average, and a request whose verify steps
+    # lately gave it fewer than that (0: never) drafts nothing for a while
+    speculative_max_batch: int | None = 8
     speculative_min_tokens: float = 2.0
 
     def __post_init__(self) -> None:

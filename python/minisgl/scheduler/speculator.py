@@ -70,8 +70,8 @@ class Speculator:
         ks = [0 if c else self._k_for(r) for r, c in zip(reqs, constrained)]
         with self.engine.timer.phase("draft"):
             drafts = self.drafter.propose(reqs, ks)
-        if not any(drafts):  # nothing to verify: a decode step costs less than a verify step
-            return self._decode(batch, mask)
+        if not self.rule.batch_pays(reqs, [len(d) > 0 for d in drafts]):
+            return self._decode(batch, mask)  # a decode step costs less than this verify step
         drafted = [len(d) for d in drafts]  # the request's own, before any padding
         if self._can_pad(reqs):  # a graph needs k drafts a request, whatever each may keep
             drafts = [_padded(r, d, self.k) for r, d in zip(reqs, drafts)]
@@ -103,10 +103,10 @@ class Speculator:
 
     def wants(self, reqs: Sequence[Req], constrained: Sequence[bool]) -> bool:
         """Whether a decode step of ``reqs`` should verify drafts: the batch is not too large
-        for them and some request may draft (free, below max_tokens, its drafts paying)."""
-        return self.rule.batch_drafts(len(reqs)) and any(
-            not c and self._k_for(r) > 0 for r, c in zip(reqs, constrained)
-        )
+        for them and the requests that may draft (free, below max_tokens, not paused) are
+        expected to make the step pay for the batch."""
+        drafting = [not c and self._k_for(r) > 0 for r, c in zip(reqs, constrained)]
+        return self.rule.batch_drafts(len(reqs)) and self.rule.batch_pays(reqs, drafting)
 
     def remove(self, req: Req) -> None:
         self.drafter.remove(req)

@@ -5,7 +5,7 @@ or a request's drafts are lately mostly wrong, a decode step without drafts is t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Sequence
 
 from minisgl.core import Req
 
@@ -22,13 +22,16 @@ class DraftRule:
     """Which requests draft, and whether a batch verifies at all.
 
     A batch of more than ``max_batch`` requests (None: no limit) decodes without drafts. A
-    request whose steps with drafts have lately given it fewer than ``min_tokens`` tokens a step
-    (a running average, after ``warmup`` such steps) drafts nothing for its next
+    request whose steps with drafts have lately given it fewer than ``min_tokens`` tokens a
+    step (a running average, after ``warmup`` such steps) drafts nothing for its next
     ``pause_tokens`` tokens, then tries again: the text may have turned to quoting. Each pause
     that follows another without a good measure between is twice as long, up to
-    ``max_doublings`` times, so that text that never repeats pays for few tries. Everything
-    it measures is the tokens themselves, so a request gets the same drafts, and with a seed
-    the same tokens, however fast the machine is."""
+    ``max_doublings`` times, so that text that never repeats pays for few tries. A verify step
+    costs the whole batch, so a batch verifies only when the tokens it is expected to give a
+    request, averaged over the batch, reach ``min_tokens`` too: a request without drafts gets
+    one token from it, as from a decode step. Everything it measures is the tokens themselves,
+    so a request gets the same drafts, and with a seed the same tokens, however fast the
+    machine is."""
 
     def __init__(
         self,
@@ -45,6 +48,20 @@ class DraftRule:
 
     def batch_drafts(self, batch_size: int) -> bool:
         return self.max_batch is None or batch_size <= self.max_batch
+
+    def batch_pays(self, reqs: Sequence[Req], drafting: Sequence[bool]) -> bool:
+        """Whether a verify step of ``reqs``, of which those marked in ``drafting`` bring
+        drafts, is expected to give a request ``min_tokens`` tokens or more on average: its
+        running average for a request that drafts (``min_tokens`` until it has ``warmup`` steps
+        measured since its last pause, as a request is judged), 1 for one that does not."""
+        if not any(drafting):
+            return False
+        expected = sum(self._expected(r) if d else 1.0 for r, d in zip(reqs, drafting))
+        return expected >= self.min_tokens * len(reqs)
+
+    def _expected(self, req: Req) -> float:
+        record = self.records.get(req)
+        return self.min_tokens if record is None or record.steps < self.warmup else record.tokens
 
     def may_draft(self, req: Req) -> bool:
         record = self.records.get(req)
