@@ -1,5 +1,5 @@
-"""The server's command line, parsed into ``ServerArgs``; the flags are mini-sglang's, so its
-commands run here unchanged."""
+"""The server's command line, parsed into ``ServerArgs``; the flags that apply here are
+mini-sglang's, with its spellings, and its flags for what is not built yet are refused."""
 
 from __future__ import annotations
 
