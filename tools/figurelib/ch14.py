@@ -7,6 +7,7 @@ the main's Ctrl-C from the signal to the pages given back, in the four processes
 from __future__ import annotations
 
 import inspect
+import itertools
 import signal
 import tempfile
 from functools import partial
@@ -35,7 +36,8 @@ class LockstepChat:
         self.tokenizer = TokenizerServer(AutoTokenizer.from_pretrained(args.model_path))
         scheduler = Scheduler(args.scheduler_config())  # as the scheduler process builds it
         self.loop = SchedulerLoop(scheduler)
-        self.stats, self.log, self.turn, self.uid = stats, [], 0, 0
+        self.stats, self.log, self.turn = stats, [], 0
+        self._uids = itertools.count()  # numbered as ChatClient numbers them: the first is 0
         self.stats.publish(scheduler)
         real_step = scheduler.step
 
@@ -87,7 +89,7 @@ class LockstepChat:
     def stream(self, messages: list, params):
         from minisgl.message import AbortMsg, TokenizeMsg
 
-        self.turn, self.uid = self.turn + 1, self.uid + 1
+        self.turn, uid = self.turn + 1, next(self._uids)
         self.log.append(
             {
                 "turn": self.turn,
@@ -96,7 +98,7 @@ class LockstepChat:
                 "line": messages[-1]["content"],
             }
         )
-        replies = self.send([TokenizeMsg(self.uid, messages, params)], "shell")
+        replies = self.send([TokenizeMsg(uid, messages, params)], "shell")
         finished = False
         try:
             while not finished:
@@ -108,7 +110,7 @@ class LockstepChat:
                     yield reply
         finally:
             if not finished:
-                self.send([AbortMsg(self.uid)], "shell")
+                self.send([AbortMsg(uid)], "shell")
                 self.stats.publish(self.loop.scheduler)
                 self.record("abort")
             else:
