@@ -1,5 +1,6 @@
-"""The server's command line, parsed into ``ServerArgs``; the flags are mini-sglang's, so its
-commands run here unchanged."""
+"""The server's command line, parsed into ``ServerArgs``; where a flag is also mini-sglang's it
+has mini-sglang's spellings, and mini-sglang's flags for settings this server does not take on
+its command line are refused."""
 
 from __future__ import annotations
 
