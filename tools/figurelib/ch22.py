@@ -140,8 +140,8 @@ def throughput_by_chapter_to_22() -> plt.Figure:
     ax.set_ylabel("output tokens/s (log scale)")
     ax.set_title(
         f"{record['model']}; nano-vllm's workload\nblue: chapter 15's record "
-        f"({early['date']}); orange: ch22's tree, the runs taking turns on one machine on "
-        f"{record['date']}; hatched: a slice of the workload",
+        f"({early['date']}); hatched: a slice of the workload\norange: the book's package at "
+        f"931554f (chapters 1-22), the runs taking turns on one machine on {record['date']}",
         fontsize=10,
     )
     ax.legend(loc="upper left", fontsize=8)
