@@ -11,7 +11,7 @@ from minisgl.scheduler import Scheduler, SchedulerConfig
 from minisgl.scheduler.utils import check_request
 
 Prompt = str | Sequence[int]  # text, or token ids
-# upstream mini-sglang's option names -> ours, so that its scripts run unchanged
+# upstream mini-sglang's option names -> ours, so that its scripts run with upstream's names
 UPSTREAM_OPTIONS = {
     "max_seq_len_override": "max_seq_len",
     "num_page_override": "num_pages",
