@@ -184,7 +184,7 @@ def tp_shards() -> plt.Figure:
         ("gate_up_proj (column parallel)", f"[T, {r0[keys[3]].shape[0]}]", False),
         ("silu(gate) * up", f"[T, {r0[keys[4]].shape[1]}]", False),
         ("down_proj (row parallel)", f"[T, {r0[keys[4]].shape[0]}] partial", True),
-        ("lm_head: its vocabulary rows", f"[T, {r0[keys[5]].shape[0]}] → gather", None),
+        ("lm_head: sampled rows only", f"[B, {r0[keys[5]].shape[0]}] → gather", None),
     ]
     diagram(right, 100, len(steps) * 10 + 4)
     right.set_title("One forward on rank 0 (the layer's steps run once per layer)", fontsize=10)
