@@ -38,12 +38,6 @@ class Point:
     steps: int  # request-steps of the verify forwards
 
 
-def expected_tokens(a: float, k: int) -> float:
-    """Tokens a step keeps when each draft is kept with probability a, independently, once
-    every draft before it was: 1 + a + ... + a^k."""
-    return sum(a**i for i in range(k + 1))
-
-
 def measure(target: str, draft: str, k: int, noise: float, base: List[List[int]]) -> Point:
     """One engine run with ``draft`` as the draft model: its statistics, and how many drafts
     the target reached (a draft behind a refused one is proposed but never compared)."""
@@ -94,6 +88,7 @@ def measure(target: str, draft: str, k: int, noise: float, base: List[List[int]]
 def write_points(points: List[Point]) -> None:
     """The points as a table, dated, with what the formula gives at each one's a and k."""
     import torch
+    from ch24_speculative import expected_tokens
 
     lines = [
         f"# tools/figurelib/ch24.py (python tools/figures.py ch24) on chapter 24's tree, drawn"
@@ -137,6 +132,8 @@ def acceptance() -> plt.Figure:
     """Two panels of the same runs: against the fraction of drafts kept (what the main
     prints), and against the chance that a draft the target reaches is kept (the formula's a),
     where the formula's curves and the bound k + 1 are drawn."""
+    from ch24_speculative import expected_tokens  # the main's formula, as it prints it
+
     points = sweep()
     write_points(points)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12.5, 5.4), layout="constrained", sharey=True)
