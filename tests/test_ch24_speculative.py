@@ -913,17 +913,48 @@ def test_a_batch_verifies_only_when_its_requests_are_expected_to_pay_for_the_ste
     assert not rule.batch_pays(reqs[:5], [True, False, False, False, False])  # 8 / 5 < 2
     free = DraftRule(max_batch=None, min_tokens=0.0)
     assert free.batch_pays(reqs, [True] + [False] * 5)  # no bar: any draft verifies
+    patient = DraftRule(max_batch=None, min_tokens=2.0, warmup=2)
+    patient.record(a, 4, 1)  # one step is not yet a measure, for the batch as for the request
+    assert patient.batch_pays(reqs[:2], [True, True])  # (2 + 2) / 2, not (1 + 2) / 2
 
 
-def test_one_request_with_drafts_in_a_batch_of_four_does_not_make_it_verify(tiny_models):
+def test_a_batch_mostly_paused_is_not_sent_to_the_speculator(tiny_models):
+    """Before any draft is proposed: three of four requests paused, the one left expected to
+    get the bar's 2 tokens: (2 + 3) / 4 < 2, so the step stays a decode step (overlapped where
+    overlap is on); with all four free to draft it goes to the speculator."""
+    from minisgl.core import Req, SamplingParams
+
+    llm = _llm(tiny_models["llama3"], speculative="ngram", speculative_min_tokens=2.0)
+    speculator = llm.scheduler.speculator
+    reqs = [Req(i, [1, 2, 3], SamplingParams(max_tokens=100)) for i in range(4)]
+    for req in reqs:
+        req.device_len = 4  # one token sampled
+    free = [False] * 4
+    assert speculator.wants(reqs, free)
+    for req in reqs[1:]:
+        for _ in range(2):
+            speculator.rule.record(req, 4, 1)  # 1 token a step: paused
+    assert not any(speculator.rule.may_draft(r) for r in reqs[1:])
+    assert not speculator.wants(reqs, free)
+    assert speculator.wants(reqs[:1], free[:1])
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_one_request_with_drafts_in_a_batch_of_four_does_not_make_it_verify(
+    tiny_models, perturbed, method
+):
     """Drafts for one request of four: a verify step would cost all four for one request's
     gain, so under the bar of 2 tokens the batch decodes; with no bar it verifies. Greedy's
-    tokens either way."""
+    tokens either way, and a draft model's mirrors, which computed drafts the step then does
+    not verify, give back every page."""
     path = tiny_models["llama3"]
     want = _tokens(_llm(path))
+    draft = str(perturbed("llama3")) if method == "draft" else None
     forwards = {}
     for bar in (2.0, 0.0):
-        llm = _llm(path, speculative="ngram", speculative_k=4, speculative_min_tokens=bar)
+        llm = _llm(
+            path, speculative=method, speculative_k=4, draft_model=draft, speculative_min_tokens=bar
+        )
         speculator = llm.scheduler.speculator
         propose = speculator.drafter.propose
 
@@ -935,6 +966,10 @@ def test_one_request_with_drafts_in_a_batch_of_four_does_not_make_it_verify(tiny
         assert _tokens(llm) == want
         forwards[bar] = speculator.stats.forwards
         assert_pages_all_back(llm.scheduler)
+        if method == "draft":
+            drafter = speculator.drafter
+            assert drafter.mirrors == {}
+            assert drafter.cache.num_free_pages == drafter.cache.num_pages
     assert forwards[0.0] > forwards[2.0]
 
 
