@@ -7,7 +7,8 @@ CLONE is a clone of upstream at the commit the book pins:
 
     git clone https://github.com/sgl-project/mini-sglang && git -C mini-sglang checkout 20fcd7f
 
-``--upstream`` takes upstream's ``python/`` or its ``python/minisgl``. Nothing of upstream is
+``--upstream`` takes the clone, as ``bench_moe_upstream.py`` does, or its ``python/`` or
+``python/minisgl``. Nothing of upstream is
 copied into this repository: the script loads one file from there at run time,
 ``minisgl/tokenizer/detokenize.py``, as a module file of its own (upstream's package is also
 named ``minisgl``, and importing it whole would need its GPU packages). That file imports one
@@ -59,6 +60,7 @@ class DetokenizeMsg:
 
 def upstream_file(directory: Path) -> Path:
     for candidate in (
+        directory / "python" / "minisgl" / "tokenizer" / "detokenize.py",
         directory / "minisgl" / "tokenizer" / "detokenize.py",
         directory / "tokenizer" / "detokenize.py",
     ):
@@ -109,7 +111,9 @@ def stream_ours(tokenizer: Any, ids: List[int]) -> List[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--upstream", type=Path, required=True, help="upstream's python/")
+    parser.add_argument(
+        "--upstream", type=Path, required=True, help="a clone of upstream, or its python/"
+    )
     args = parser.parse_args()
     path = upstream_file(args.upstream)
     module = load_upstream(path)
